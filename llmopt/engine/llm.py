@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    request_id: str
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class LLM:
+    """In-process API: `LLM(model).generate(prompts, SamplingParams(...))`, batched by the engine."""
+
+    def __init__(self, model: str | None = None, **engine_options):
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_options))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[CompletionOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        assert len(params_list) == len(prompts), "one SamplingParams per prompt"
+        results = {}
+        for prompt, p in zip(prompts, params_list):
+            request_id = self.engine.add_request(prompt, p)
+            results[request_id] = CompletionOutput(request_id)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                result = results[out.request_id]
+                result.text += out.new_text
+                result.token_ids += out.new_token_ids
+                if out.finished:
+                    result.finish_reason = out.finish_reason
+                    result.prompt_tokens = out.prompt_tokens
+                    result.cached_tokens = out.cached_tokens
+        return list(results.values())
+
+    def chat_prompt(self, user_message: str) -> list[int]:
+        """Token ids of a one-turn chat with the tokenizer's chat template."""
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_message}], add_generation_prompt=True, tokenize=True
+        )

@@ -1,0 +1,206 @@
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, GenerationConfig
+
+from llmopt.engine.block_manager import BlockManager
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.detokenizer import IncrementalDetokenizer
+from llmopt.engine.model_runner import ModelRunner
+from llmopt.engine.sampling_params import SamplingParams
+from llmopt.engine.scheduler import Scheduler
+from llmopt.engine.sequence import RequestOutput, Sequence
+from llmopt.models import load_tokenizer, resolve_model
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[RequestOutput], None]
+
+
+@dataclass
+class Request:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    on_output: OutputCallback | None
+
+
+@dataclass
+class EngineStats:
+    """Counters since start-up (for /metrics and benchmarks)."""
+
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+
+
+class LLMEngine:
+    """add_request / abort_request / step. Thread-safe to add and abort from other threads: requests
+    queue up and join the batch at the start of the next step."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_dir = resolve_model(config.model)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        model_max = int(getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", 8192))
+        self.max_model_len = min(config.max_model_len or min(model_max, 8192), model_max)
+        self.runner = ModelRunner(config, self.model_dir, self.max_model_len)
+        self.block_manager = BlockManager(
+            self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.eos_token_ids = self._eos_token_ids()
+        self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._requests: dict[str, Request] = {}
+        self._request_counter = itertools.count()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    def _eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        try:
+            eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
+            ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        except OSError:
+            pass
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    # ---- requests -------------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
+
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> str:
+        """Queue a request; raises ValueError for a request that can never be served."""
+        token_ids = self.tokenize(prompt)
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        total = len(token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(
+                f"this model's maximum context length is {self.max_model_len} tokens; the request asks "
+                f"for {total} ({len(token_ids)} in the prompt + {params.max_tokens} max_tokens)"
+            )
+        capacity = self.block_manager.num_blocks * self.config.block_size
+        if total > capacity:
+            raise ValueError(f"the request needs {total} tokens of KV cache; the pool holds {capacity}")
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids + params.stop_token_ids):
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        request_id = request_id or f"req-{next(self._request_counter)}"
+        seq = Sequence(request_id, token_ids, params, seed=self.config.seed + hash(request_id) % 2**31)
+        self._new.put(Request(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop), on_output))
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        self._aborts.put(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests) or not self._new.empty()
+
+    def _drain_queues(self) -> list[RequestOutput]:
+        while not self._new.empty():
+            request = self._new.get()
+            self._requests[request.seq.request_id] = request
+            self.scheduler.add(request.seq)
+        outputs = []
+        while not self._aborts.empty():
+            request = self._requests.get(self._aborts.get())
+            if request is not None:
+                self.scheduler.finish(request.seq, "abort")
+                outputs.append(self._finish(request, []))
+        return outputs
+
+    # ---- the step ----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one batched forward; return the outputs it produced (each also goes to its callback)."""
+        outputs = self._drain_queues()
+        batch = self.scheduler.schedule()
+        if batch.seqs:
+            sample_seqs = [
+                s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)
+            ]
+            tokens = self.runner.run(batch, sample_seqs, self.eos_token_ids)
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
+            now = time.perf_counter()
+            outputs.extend(self._append_token(seq, token, now) for seq, token in zip(sample_seqs, tokens))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        request = self._requests[seq.request_id]
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.token_ids.append(token)
+        self.generation_tokens_total += 1
+        params = seq.params
+        reason = None
+        if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
+            reason = "stop"
+        elif request.detokenizer.add(token) is not None:
+            reason = "stop"
+        elif seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            return self._finish(request, [token])
+        output = RequestOutput(seq.request_id, [token], request.detokenizer.take_delta(False), False)
+        if request.on_output is not None:
+            request.on_output(output)
+        return output
+
+    def _finish(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+        seq = request.seq
+        seq.finish_time = time.perf_counter()
+        del self._requests[seq.request_id]
+        self.prompt_tokens_total += seq.num_prompt_tokens
+        output = RequestOutput(
+            seq.request_id,
+            new_tokens,
+            request.detokenizer.take_delta(True),
+            True,
+            seq.finish_reason,
+            prompt_tokens=seq.num_prompt_tokens,
+            output_tokens=seq.num_output_tokens,
+            cached_tokens=seq.num_cached_tokens,
+        )
+        if request.on_output is not None:
+            request.on_output(output)
+        return output
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting) + self._new.qsize(),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            prompt_tokens=self.prompt_tokens_total,
+            generation_tokens=self.generation_tokens_total,
+        )

@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from llmopt.engine.block_manager import BlockManager
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: sequences (single-token ones first) and how many new tokens each computes."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    """Continuous batching under a sequence cap and a per-step token budget.
+
+    Each step: running sequences first (decodes, then the next chunk of unfinished prefills), then
+    waiting sequences in arrival order while budget, sequence slots and KV blocks last. When a running
+    sequence needs a block and none is free, the newest running sequence is preempted by recompute:
+    its blocks are freed (cached ones keep their content) and it goes back to the head of the queue.
+    """
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        bm = self.block_manager
+        budget = self.max_num_batched_tokens
+        batch = ScheduledBatch()
+        scheduled: set[int] = set()
+        preempted = False
+        decodes = [s for s in self.running if len(s) - s.num_computed_tokens == 1]
+        prefills = [s for s in self.running if len(s) - s.num_computed_tokens > 1]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            num_new = min(len(seq) - seq.num_computed_tokens, budget)
+            while bm.blocks_needed(seq, seq.num_computed_tokens + num_new) > bm.num_free_blocks:
+                victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            bm.allocate(seq, seq.num_computed_tokens + num_new)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            scheduled.add(id(seq))
+            budget -= num_new
+
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            cached = bm.take_cached_prefix(seq)
+            num_new = min(len(seq) - seq.num_computed_tokens, budget)
+            if bm.blocks_needed(seq, seq.num_computed_tokens + num_new) > bm.num_free_blocks:
+                bm.free(seq)  # give the cached blocks back; try again once blocks are freed
+                break
+            bm.allocate(seq, seq.num_computed_tokens + num_new)
+            bm.prefix_cache_queries += len(seq)
+            bm.prefix_cache_hits += cached
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = cached
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(num_new)
+            budget -= num_new
+
+        # Single-token sequences first: the model runner attends to them as one group.
+        order = sorted(range(len(batch)), key=lambda i: batch.num_new_tokens[i] != 1)
+        return ScheduledBatch([batch.seqs[i] for i in order], [batch.num_new_tokens[i] for i in order])
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Remove a sequence from whichever queue holds it and free its blocks."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+import torch
+
+from llmopt.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """One request inside the engine: its tokens, KV blocks, sampling state and timings."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, seed: int):
+        assert prompt_token_ids, "a sequence needs at least one prompt token"
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        # Hashes of this sequence's full blocks that are in the prefix cache, in order.
+        self.block_hashes: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None  # "stop", "length" or "abort"
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else seed)
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+
+@dataclass
+class RequestOutput:
+    """What one engine step produced for one request: a text delta and, at the end, the totals."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
