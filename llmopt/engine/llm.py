@@ -50,6 +50,4 @@ class LLM:
 
     def chat_prompt(self, user_message: str) -> list[int]:
         """Token ids of a one-turn chat with the tokenizer's chat template."""
-        return self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_message}], add_generation_prompt=True, tokenize=True
-        )
+        return self.engine.chat_token_ids([{"role": "user", "content": user_message}])

@@ -86,6 +86,14 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
+    def chat_token_ids(self, messages: list[dict]) -> list[int]:
+        """The prompt tokens of a conversation under the tokenizer's chat template."""
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+
     def add_request(
         self,
         prompt: str | list[int],

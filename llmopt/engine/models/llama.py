@@ -42,10 +42,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    # Weights are stored transposed ([in, out]): MKL's GEMM on that layout is 2-4x faster than
+    # F.linear's [out, in] for the skinny batches of decoding (measured at 16 rows on this CPU).
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Written out as transformers does it, so that greedy decoding matches the reference bit for bit.
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
+    # One fused op; bit-identical to transformers' written-out version on CPU (checked in tests).
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class DecoderLayer(torch.nn.Module):
@@ -76,19 +81,26 @@ class DecoderLayer(torch.nn.Module):
         x = rms_norm(hidden, self.input_norm, self.eps)
         hidden = hidden + self.attention(x, kv_cache, meta)
         x = rms_norm(hidden, self.post_attention_norm, self.eps)
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return hidden + F.linear(F.silu(gate) * up, self.down_weight)
+        gate, up = matmul(x, self.gate_up_weight).chunk(2, dim=-1)
+        return hidden + matmul(F.silu(gate) * up, self.down_weight)
 
     def attention(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.split_sizes, dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = matmul(x, self.qkv_weight, self.qkv_bias)
+        qk = qkv[:, : (heads + kv_heads) * dim].view(num_tokens, heads + kv_heads, dim)
+        v = qkv[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim)
         if self.q_norm is not None:
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        q = q * meta.cos + rotate_half(q) * meta.sin
-        k = k * meta.cos + rotate_half(k) * meta.sin
+            qk = torch.cat(
+                (
+                    rms_norm(qk[:, :heads], self.q_norm, self.eps),
+                    rms_norm(qk[:, heads:], self.k_norm, self.eps),
+                ),
+                1,
+            )
+        # Rotary embedding on q and k together: one set of ops for both.
+        qk = qk * meta.cos + rotate_half(qk) * meta.sin
+        q, k = qk[:, :heads], qk[:, heads:]
         # kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
         k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
@@ -100,7 +112,7 @@ class DecoderLayer(torch.nn.Module):
             out[:n_dec] = self.attend_decode(q[:n_dec], k_cache, v_cache, meta.decode)
         if meta.prefill is not None:
             out[n_dec:] = self.attend_prefill(q[n_dec:], k_cache, v_cache, meta.prefill)
-        return F.linear(out.view(num_tokens, -1), self.o_weight)
+        return matmul(out.view(num_tokens, -1), self.o_weight)
 
     def gather(self, cache: torch.Tensor, group: AttentionGroup, batch: int) -> torch.Tensor:
         # index_select copies whole blocks at memcpy speed (3x faster than advanced indexing here).
@@ -138,7 +150,9 @@ class LlamaForCausalLM(torch.nn.Module):
             DecoderLayer(config, self.head_dim) for _ in range(config.num_hidden_layers)
         )
         self.norm = torch.nn.Parameter(torch.empty(config.hidden_size), requires_grad=False)
-        self.lm_head: torch.Tensor = self.embed  # replaced when the embeddings are not tied
+        self.lm_head_t = torch.nn.Parameter(  # [hidden, vocab], transposed like every linear
+            torch.empty(config.hidden_size, config.vocab_size), requires_grad=False
+        )
 
     def forward(
         self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -150,7 +164,7 @@ class LlamaForCausalLM(torch.nn.Module):
         return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return matmul(hidden, self.lm_head_t).float()
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables [max_positions, head_dim], computed in fp32 as transformers does."""
@@ -193,25 +207,27 @@ def load_model(model_dir: Path, dtype: torch.dtype) -> LlamaForCausalLM:
         model = LlamaForCausalLM(config)
     model.embed = torch.nn.Parameter(take("model.embed_tokens.weight"), requires_grad=False)
     model.norm = torch.nn.Parameter(take("model.norm.weight"), requires_grad=False)
-    if "lm_head.weight" in weights and not getattr(config, "tie_word_embeddings", False):
-        model.lm_head = take("lm_head.weight")
-    else:
-        weights.pop("lm_head.weight", None)
-        model.lm_head = model.embed
+    lm_head = weights.pop("lm_head.weight", None)
+    if lm_head is None or getattr(config, "tie_word_embeddings", False):
+        lm_head = model.embed
+    model.lm_head_t = torch.nn.Parameter(lm_head.to(dtype).t().contiguous(), requires_grad=False)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
 
         def param(*names: str, prefix: str = p) -> torch.nn.Parameter:
             return torch.nn.Parameter(torch.cat([take(prefix + n) for n in names]), requires_grad=False)
 
-        layer.qkv_weight = param(
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"
-        )
+        def linear(*names: str, prefix: str = p) -> torch.nn.Parameter:
+            weight = torch.cat([take(prefix + n) for n in names]).t().contiguous()
+            return torch.nn.Parameter(weight, requires_grad=False)
+
+        attn = "self_attn."
+        layer.qkv_weight = linear(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")
         if p + "self_attn.q_proj.bias" in weights:
-            layer.qkv_bias = param("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")
-        layer.o_weight = param("self_attn.o_proj.weight")
-        layer.gate_up_weight = param("mlp.gate_proj.weight", "mlp.up_proj.weight")
-        layer.down_weight = param("mlp.down_proj.weight")
+            layer.qkv_bias = param(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
+        layer.o_weight = linear(attn + "o_proj.weight")
+        layer.gate_up_weight = linear("mlp.gate_proj.weight", "mlp.up_proj.weight")
+        layer.down_weight = linear("mlp.down_proj.weight")
         layer.input_norm = param("input_layernorm.weight")
         layer.post_attention_norm = param("post_attention_layernorm.weight")
         if p + "self_attn.q_norm.weight" in weights:

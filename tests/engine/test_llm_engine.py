@@ -1,0 +1,171 @@
+"""The engine against transformers' own greedy decode of the same model, token for token."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmopt.engine.llm import LLM
+from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.sampling_params import SamplingParams
+from tests.conftest import PROMPTS
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0)
+
+
+def drain(engine: LLMEngine) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    return tokens
+
+
+def assert_all_blocks_free(engine: LLMEngine) -> None:
+    bm = engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_count == 0 for b in bm.blocks)
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+@pytest.fixture(scope="module")
+def small_llm(model_dir) -> LLM:
+    """A KV pool of 12 blocks x 16 tokens and a 64-token step budget: preemption and chunked prefill."""
+    return LLM(str(model_dir), num_kv_blocks=12, max_num_batched_tokens=64)
+
+
+def test_batched_greedy_equals_transformers(llm, hf_greedy):
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS]
+    lengths = [8 + 5 * i for i in range(len(PROMPTS))]
+    outputs = llm.generate(ids, [greedy(n) for n in lengths])
+    for prompt_ids, n, out in zip(ids, lengths, outputs):
+        assert out.token_ids == hf_greedy(tuple(prompt_ids), n)
+    assert_all_blocks_free(llm.engine)
+
+
+def test_sequences_joining_mid_flight(llm, hf_greedy):
+    engine = llm.engine
+    ids = [llm.tokenizer.encode(p) for p in PROMPTS[:6]]
+    first = [engine.add_request(p, greedy(24)) for p in ids[:3]]
+    tokens: dict[str, list[int]] = {}
+    for _ in range(5):
+        for out in engine.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+    later = [engine.add_request(p, greedy(24)) for p in ids[3:]]
+    for rid, toks in drain(engine).items():
+        tokens.setdefault(rid, []).extend(toks)
+    for rid, prompt_ids in zip(first + later, ids):
+        assert tokens[rid] == hf_greedy(tuple(prompt_ids), 24)
+    assert_all_blocks_free(engine)
+
+
+def test_preemption_keeps_outputs_exact(small_llm, hf_greedy):
+    engine = small_llm.engine
+    before = engine.scheduler.num_preemptions
+    ids = [small_llm.tokenizer.encode(p) for p in PROMPTS[:8]]
+    outputs = small_llm.generate(ids, greedy(40))
+    assert engine.scheduler.num_preemptions > before, "the pool is small enough that preemption must happen"
+    for prompt_ids, out in zip(ids, outputs):
+        assert out.token_ids == hf_greedy(tuple(prompt_ids), 40)
+    assert_all_blocks_free(engine)
+
+
+def test_chunked_prefill_of_a_prompt_longer_than_the_budget(small_llm, hf_greedy):
+    prompt = " ".join(PROMPTS) + " Summarize the text above."
+    ids = small_llm.tokenizer.encode(prompt)
+    assert len(ids) > 2 * small_llm.engine.config.max_num_batched_tokens
+    short = small_llm.tokenizer.encode(PROMPTS[0])
+    long_out, short_out = small_llm.generate([ids, short], greedy(16))
+    assert long_out.token_ids == hf_greedy(tuple(ids), 16)
+    assert short_out.token_ids == hf_greedy(tuple(short), 16)
+    assert_all_blocks_free(small_llm.engine)
+
+
+def test_prefix_cache_hits_are_reported_and_exact(llm, hf_greedy):
+    shared = " ".join(PROMPTS[:6])
+    first = llm.tokenizer.encode(shared + " First question: what is it about?")
+    second = llm.tokenizer.encode(shared + " Second question: who wrote it?")
+    [a] = llm.generate([first], greedy(12))
+    bm = llm.engine.block_manager
+    hits_before = bm.prefix_cache_hits
+    [b] = llm.generate([second], greedy(12))
+    common = next(i for i, (x, y) in enumerate(zip(first, second)) if x != y)
+    assert b.cached_tokens == common // 16 * 16 > 0
+    assert bm.prefix_cache_hits - hits_before == b.cached_tokens
+    assert a.token_ids == hf_greedy(tuple(first), 12)
+    assert b.token_ids == hf_greedy(tuple(second), 12)
+    assert_all_blocks_free(llm.engine)
+
+
+def test_identical_prompts_in_one_batch(llm, hf_greedy):
+    ids = llm.tokenizer.encode(" ".join(PROMPTS[:4]))
+    outputs = llm.generate([ids] * 4, greedy(10))
+    expected = hf_greedy(tuple(ids), 10)
+    assert all(o.token_ids == expected for o in outputs)
+
+
+def test_abort_frees_blocks(llm):
+    engine = llm.engine
+    rid = engine.add_request(PROMPTS[2], greedy(200))
+    other = engine.add_request(PROMPTS[3], greedy(200))
+    for _ in range(3):
+        engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    engine.abort_request(rid)
+    engine.abort_request(other)
+    finished = {o.request_id: o for o in engine.step() if o.finished}
+    assert finished[rid].finish_reason == "abort" and finished[other].finish_reason == "abort"
+    assert_all_blocks_free(engine)
+
+
+def test_seeded_sampling_is_reproducible(llm):
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=1234)
+    a = llm.generate(PROMPTS[2], params)[0].token_ids
+    # Same seed, different batch company: same tokens.
+    batch = llm.generate([PROMPTS[0], PROMPTS[2], PROMPTS[5]], [greedy(30), params, greedy(5)])
+    assert batch[1].token_ids == a
+    other = llm.generate(PROMPTS[2], SamplingParams(max_tokens=20, temperature=1.0, seed=4321))[0].token_ids
+    assert other != a
+
+
+def test_stop_string_cuts_text_exactly(llm):
+    [full] = llm.generate("1, 2, 3, 4,", greedy(20))
+    assert " 7," in full.text
+    [cut] = llm.generate("1, 2, 3, 4,", SamplingParams(max_tokens=20, temperature=0, stop=[" 7,", "zzz"]))
+    assert cut.finish_reason == "stop"
+    assert cut.text == full.text[: full.text.index(" 7,")]
+
+
+def test_stop_token_ids_and_max_tokens(llm):
+    [full] = llm.generate("1, 2, 3, 4,", greedy(10))
+    stop_at = full.token_ids[1]
+    first = full.token_ids.index(stop_at)
+    [out] = llm.generate(
+        "1, 2, 3, 4,", SamplingParams(max_tokens=10, temperature=0, stop_token_ids=[stop_at])
+    )
+    assert out.token_ids == full.token_ids[: first + 1] and out.finish_reason == "stop"
+    assert full.finish_reason == "length" and len(full.token_ids) == 10
+
+
+def test_streamed_deltas_never_split_characters(llm):
+    engine = llm.engine
+    prompt = "Écris une phrase en français avec des accents, puis en chinois: 你好世界。🙂"
+    rid = engine.add_request(prompt, greedy(40))
+    deltas, tokens = [], []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == rid:
+                deltas.append(out.new_text)
+                tokens += out.new_token_ids
+    assert all("\ufffd" not in d for d in deltas)
+    expected = llm.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    # A character cut in half by max_tokens is dropped, never sent as U+FFFD.
+    assert "".join(deltas) == expected.rstrip("\ufffd")
+
+
+def test_request_longer_than_the_context_is_refused(llm):
+    with pytest.raises(ValueError, match="maximum context length"):
+        llm.engine.add_request([1] * 10, greedy(llm.engine.max_model_len))
+    with pytest.raises(ValueError, match="empty"):
+        llm.engine.add_request("", greedy(4))
