@@ -1,0 +1,32 @@
+"""The CLI as a user runs it: a subprocess, real output, real exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def llmopt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmopt.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_generate_prints_the_answer_and_speed(model_dir):
+    result = llmopt("generate", "What is the capital of France?", "--chat", "--max-tokens", "12")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "tok/s" in result.stderr
+
+
+def test_generate_with_a_bad_model_is_one_line():
+    result = llmopt("generate", "hi", "--model", "/no/such/model")
+    assert result.returncode == 1
+    assert "model not found" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_generate_with_bad_sampling_is_one_line():
+    result = llmopt("generate", "hi", "--max-tokens", "0")
+    assert result.returncode == 1 and "max_tokens must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr
