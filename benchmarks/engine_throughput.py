@@ -137,7 +137,9 @@ def main() -> None:
     model_bytes = bytes_per_decode_token(engine)
     del engine
     console.print(f"transformers generate, batch {args.hf_batch} ...")
-    rows[f"transformers batch={args.hf_batch}"] = run_transformers(model_dir, prompts, args.output_len, args.hf_batch)
+    rows[f"transformers batch={args.hf_batch}"] = run_transformers(
+        model_dir, prompts, args.output_len, args.hf_batch
+    )
     console.print("prefix caching ...")
     from llmopt.models import load_tokenizer
 
@@ -146,7 +148,9 @@ def main() -> None:
     ttft_on = prefix_cache_ttft(model_dir, tokenizer, caching=True)
 
     hf = rows[f"transformers batch={args.hf_batch}"]["output_tok_s"]
-    table = Table(title=f"{args.requests} requests, prompt {args.prompt_len} tokens, output {args.output_len} tokens")
+    table = Table(
+        title=f"{args.requests} requests, prompt {args.prompt_len} tokens, output {args.output_len} tokens"
+    )
     for col in ("run", "output tok/s", "vs transformers", "mean TPOT ms"):
         table.add_column(col, justify="right")
     for name, r in rows.items():
@@ -167,7 +171,8 @@ def main() -> None:
         "prefix_cache": {"ttft_off_s": ttft_off, "ttft_on_s": ttft_on, "speedup": ttft_off / ttft_on},
     }
     console.print(
-        f"read bandwidth {bandwidth:.1f} GB/s, {model_bytes / 1e6:.0f} MB per decode step -> limit {limit:.1f} tok/s; "
+        f"read bandwidth {bandwidth:.1f} GB/s, {model_bytes / 1e6:.0f} MB per decode step "
+        f"-> limit {limit:.1f} tok/s; "
         + (f"batch-1 decode {batch1:.1f} tok/s = {100 * batch1 / limit:.0f}% of the limit" if batch1 else "")
     )
     console.print(

@@ -41,7 +41,9 @@ def test_two_processes_converting_at_once_both_succeed(tmp_path):
     env = {**os.environ, "LLMOPT_CACHE": str(tmp_path)}
     code = "from llmopt.models import resolve_model; print(resolve_model())"
     procs = [
-        subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     results = [p.communicate(timeout=600) for p in procs]

@@ -44,6 +44,7 @@ class EngineStats:
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
+    requests_finished: int  # with finish_reason stop or length
 
 
 class LLMEngine:
@@ -70,6 +71,7 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.requests_finished = 0
 
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -125,14 +127,29 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         self._aborts.put(request_id)
 
+    def unfinished_request_ids(self) -> list[str]:
+        self._drain_queues_new()
+        return list(self._requests)
+
+    def step_aborts_only(self) -> list[RequestOutput]:
+        """Apply queued requests and aborts without running the model (used when shutting down)."""
+        return self._drain_queues()
+
+    def num_waiting(self) -> int:
+        """Requests not yet running (safe to call from any thread)."""
+        return len(self.scheduler.waiting) + self._new.qsize()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or not self._new.empty()
 
-    def _drain_queues(self) -> list[RequestOutput]:
+    def _drain_queues_new(self) -> None:
         while not self._new.empty():
             request = self._new.get()
             self._requests[request.seq.request_id] = request
             self.scheduler.add(request.seq)
+
+    def _drain_queues(self) -> list[RequestOutput]:
+        self._drain_queues_new()
         outputs = []
         while not self._aborts.empty():
             request = self._requests.get(self._aborts.get())
@@ -185,6 +202,7 @@ class LLMEngine:
         seq.finish_time = time.perf_counter()
         del self._requests[seq.request_id]
         self.prompt_tokens_total += seq.num_prompt_tokens
+        self.requests_finished += seq.finish_reason != "abort"
         output = RequestOutput(
             seq.request_id,
             new_tokens,
@@ -203,7 +221,7 @@ class LLMEngine:
         bm = self.block_manager
         return EngineStats(
             num_running=len(self.scheduler.running),
-            num_waiting=len(self.scheduler.waiting) + self._new.qsize(),
+            num_waiting=self.num_waiting(),
             kv_blocks_used=bm.num_used_blocks,
             kv_blocks_total=bm.num_blocks,
             prefix_cache_queries=bm.prefix_cache_queries,
@@ -211,4 +229,5 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens=self.prompt_tokens_total,
             generation_tokens=self.generation_tokens_total,
+            requests_finished=self.requests_finished,
         )
