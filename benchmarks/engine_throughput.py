@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--hf-batch", type=int, default=16)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
     model_dir = resolve_model()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
 

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY, live_server
+from tests.server.conftest import API_KEY, LiveServer
 
 MODEL = "smollm2-135m"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
@@ -256,7 +256,7 @@ def test_metrics_count_requests_and_tokens(server, client):
 
 
 def test_full_queue_answers_429_and_loses_nothing(model_dir):
-    with live_server("--max-num-seqs", "1", "--max-queue-len", "2") as s:
+    with LiveServer("--max-num-seqs", "1", "--max-queue-len", "2") as s:
         long_body = {"prompt": "Story:", "max_tokens": 300, "ignore_eos": True, "stream": True}
         short_body = {"prompt": "Hello", "max_tokens": 3}
         results: list[int] = []
@@ -285,7 +285,7 @@ def test_full_queue_answers_429_and_loses_nothing(model_dir):
 
 
 def test_sigterm_ends_running_streams_with_an_error_chunk(model_dir):
-    with live_server() as s:
+    with LiveServer() as s:
         body = {"prompt": "Story:", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
             lines = r.iter_lines()

@@ -1,0 +1,97 @@
+"""Summary statistics of a load point, with the definitions of `vllm bench serve`:
+TTFT = sent -> first content token; ITL = gaps between content chunks; TPOT = (E2E - TTFT) / (output
+tokens - 1); E2E = sent -> last byte; throughput = tokens / wall time of the point; goodput = requests/s
+meeting every SLO."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmopt.bench.client import RequestRecord
+
+DEFAULT_PERCENTILES = (50, 90, 99)
+
+
+def distribution(
+    values: list[float], percentiles: tuple[float, ...], scale: float = 1000.0
+) -> dict[str, float]:
+    """Mean, median and percentiles, in milliseconds by default; NaN-free (None when empty)."""
+    if not values:
+        return {"mean": None, "median": None, **{f"p{p:g}": None for p in percentiles}}
+    arr = np.asarray(values) * scale
+    out = {"mean": float(arr.mean()), "median": float(np.median(arr))}
+    out.update({f"p{p:g}": float(np.percentile(arr, p)) for p in percentiles})
+    return out
+
+
+def tpot(record: RequestRecord) -> float | None:
+    if record.ttft is None or record.e2e is None or record.output_tokens < 2:
+        return None
+    return (record.e2e - record.ttft) / (record.output_tokens - 1)
+
+
+def parse_slo(spec: str | None) -> dict[str, float]:
+    """'ttft=500ms,tpot=50ms,e2e=2s' -> {'ttft': 0.5, 'tpot': 0.05, 'e2e': 2.0} (seconds)."""
+    if not spec:
+        return {}
+    slo: dict[str, float] = {}
+    for part in spec.split(","):
+        name, _, value = part.partition("=")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name not in ("ttft", "tpot", "itl", "e2e") or not value:
+            raise ValueError(f"bad SLO {part!r}: use ttft=500ms,tpot=50ms,itl=..,e2e=..")
+        if value.endswith("ms"):
+            seconds = float(value[:-2]) / 1000
+        elif value.endswith("s"):
+            seconds = float(value[:-1])
+        else:
+            seconds = float(value) / 1000  # a bare number is milliseconds, as in vllm bench serve
+        slo[name] = seconds
+    return slo
+
+
+def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
+    if not record.success:
+        return False
+    checks = {
+        "ttft": record.ttft,
+        "tpot": tpot(record),
+        "itl": max(record.itl) if record.itl else 0.0,
+        "e2e": record.e2e,
+    }
+    return all(checks[name] is not None and checks[name] <= limit for name, limit in slo.items())
+
+
+def summarize(
+    records: list[RequestRecord],
+    wall_s: float,
+    slo: dict[str, float] | None = None,
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+) -> dict:
+    ok = [r for r in records if r.success]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    summary = {
+        "requests": len(records),
+        "successful": len(ok),
+        "failed": len(records) - len(ok),
+        "duration_s": wall_s,
+        "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "output_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,
+        "total_token_throughput": (in_tokens + out_tokens) / wall_s if wall_s > 0 else 0.0,
+        "prompt_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
+        "tokens_from": sorted({r.tokens_from for r in ok}),
+        "ttft_ms": distribution([r.ttft for r in ok], percentiles),
+        "tpot_ms": distribution([t for r in ok if (t := tpot(r)) is not None], percentiles),
+        "itl_ms": distribution([g for r in ok for g in r.itl], percentiles),
+        "e2e_ms": distribution([r.e2e for r in ok], percentiles),
+        "errors": sorted({r.error for r in records if r.error})[:10],
+    }
+    if slo:
+        good = sum(meets_slo(r, slo) for r in records)
+        summary["slo"] = {k: v * 1000 for k, v in slo.items()}
+        summary["goodput"] = good / wall_s if wall_s > 0 else 0.0
+        summary["slo_attainment"] = good / len(records) if records else 0.0
+    return summary
