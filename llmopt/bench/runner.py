@@ -27,6 +27,7 @@ class LoadPoint:
     warmup: int = 0
     max_error_rate: float | None = None  # stop the point once more than this share has failed
     seed: int = 0
+    warmup_requests: list[BenchRequest] | None = None  # default: the first `warmup` of the point's own
 
     def __post_init__(self) -> None:
         if (self.concurrency is None) == (self.request_rate is None):
@@ -66,7 +67,8 @@ async def run_point(
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if point.warmup:
-            warm = [requests[i % len(requests)] for i in range(point.warmup)]
+            pool = point.warmup_requests or requests
+            warm = [pool[i % len(pool)] for i in range(point.warmup)]
             width = point.concurrency or point.max_concurrency or point.warmup
             await _closed_loop(session, target, warm, width, None, None, lambda r: None, count_tokens)
 

@@ -21,18 +21,25 @@ def text_of_length(tokenizer, ids: list[int], length: int) -> str:
     """Text that the tokenizer encodes to exactly `length` tokens, cut from `ids`."""
     if length <= 0:
         return ""
-    take = length
-    for _ in range(20):
-        text = tokenizer.decode(ids[:take], skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        n = len(tokenizer.encode(text, add_special_tokens=False))
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(n: int) -> str:
+        return tokenizer.decode(ids[:n], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    # Decoding and re-encoding can merge or split tokens at the cut: try cuts around `length` first.
+    candidates = [decode(n) for n in range(max(1, length - 4), min(len(ids), length + 4) + 1)]
+    for text in candidates:
+        if count(text) == length:
+            return text
+    text = candidates[-1]
+    for _ in range(64):  # then trim characters, or pad with single-token words, until it fits
+        n = count(text)
         if n == length:
             return text
-        take += length - n
-        take = max(1, min(take, len(ids)))
-    # BPE can merge across the cut; settle for trimming characters until the count fits.
-    while len(tokenizer.encode(text, add_special_tokens=False)) > length:
-        text = text[:-1]
-    return text
+        text = text[:-1] if n > length else text + " a"
+    raise ValueError(f"could not build a prompt of exactly {length} tokens")
 
 
 def count_tokens(tokenizer, text: str) -> int:

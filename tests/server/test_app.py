@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import API_KEY, LiveServer
+from tests.conftest import API_KEY, LiveServer
 
 MODEL = "smollm2-135m"
 HEADERS = {"Authorization": f"Bearer {API_KEY}"}
