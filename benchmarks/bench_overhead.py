@@ -1,0 +1,156 @@
+"""How much load one `llmopt bench` process can drive, and how much TTFT it adds.
+
+A minimal streaming server (raw asyncio, keep-alive, answers at once with two SSE chunks and [DONE])
+runs in a process of its own. The bench's own client drives it:
+- the highest request rate: a closed loop at growing concurrency, tiny streamed requests;
+- the TTFT it adds: at concurrency 1 the stub answers in microseconds, so the measured TTFT is the
+  bench's own overhead plus loopback (an upper bound).
+Baseline in the same run: the same requests sent by a bare aiohttp loop with no timing or parsing.
+Prints a table and writes results/bench_overhead.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from llmopt.bench.client import BenchRequest, Target
+from llmopt.bench.launcher import free_port
+from llmopt.bench.metrics import summarize
+from llmopt.bench.runner import LoadPoint, run_point
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+CHUNK = b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
+LAST = (
+    b'data: {"choices":[{"index":0,"text":"!","finish_reason":"length"}],'
+    b'"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}\n\ndata: [DONE]\n\n'
+)
+
+
+def stub_server(port: int, ready) -> None:
+    """HTTP/1.1 with chunked transfer encoding: just enough of a streaming completions server."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                if head.startswith(b"GET"):
+                    body = b'{"data":[{"id":"stub"}]}'
+                    writer.write(
+                        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(body), body)
+                    )
+                    continue
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+                writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
+                for part in (CHUNK, LAST):
+                    writer.write(b"%x\r\n%s\r\n" % (len(part), part))
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+async def bare_loop(url: str, concurrency: int, total: int) -> float:
+    """Baseline: the same requests with nothing but aiohttp (read the body, no timing, no parsing)."""
+    body = {"model": "stub", "prompt": "x", "max_tokens": 2, "stream": True}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        count = 0
+
+        async def worker() -> None:
+            nonlocal count
+            while count < total:
+                count += 1
+                async with session.post(url, json=body) as resp:
+                    await resp.read()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return total / (time.perf_counter() - start)
+
+
+def main() -> None:
+    console = Console(width=150)
+    port = free_port()
+    ready = mp.Event()
+    proc = mp.Process(target=stub_server, args=(port, ready), daemon=True)
+    proc.start()
+    ready.wait(10)
+    endpoint = f"http://127.0.0.1:{port}/v1"
+    target = Target(endpoint, "stub", api="completions")
+    requests = [BenchRequest(prompt="x", max_tokens=2, prompt_tokens=1)]
+    rows = []
+    try:
+        for concurrency in (1, 8, 32, 64):
+            total = 3000 if concurrency > 1 else 1000
+            result = asyncio.run(
+                run_point(target, requests, LoadPoint(concurrency=concurrency, num_requests=total, warmup=50))
+            )
+            s = summarize(result.records, result.wall_s)
+            assert s["failed"] == 0, s["errors"]
+            bare = asyncio.run(bare_loop(endpoint + "/completions", concurrency, total))
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "bench_req_s": s["request_throughput"],
+                    "bare_req_s": bare,
+                    "ttft_ms_median": s["ttft_ms"]["median"],
+                    "ttft_ms_p99": s["ttft_ms"]["p99"],
+                }
+            )
+    finally:
+        proc.terminate()
+    table = Table(title="llmopt bench client against a minimal streaming stub (one bench process)")
+    for col in (
+        "concurrency",
+        "bench req/s",
+        "bare aiohttp req/s",
+        "bench / bare",
+        "TTFT median ms",
+        "TTFT p99 ms",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["concurrency"]),
+            f"{r['bench_req_s']:.0f}",
+            f"{r['bare_req_s']:.0f}",
+            f"{r['bench_req_s'] / r['bare_req_s']:.2f}x",
+            f"{r['ttft_ms_median']:.3f}",
+            f"{r['ttft_ms_p99']:.3f}",
+        )
+    console.print(table)
+    best = max(r["bench_req_s"] for r in rows)
+    added = rows[0]["ttft_ms_median"]
+    console.print(
+        f"highest rate: {best:.0f} req/s; TTFT added at concurrency 1 (median, an upper bound): {added:.3f} ms"
+    )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "bench_overhead.json").write_text(
+        json.dumps({"rows": rows, "max_req_s": best, "added_ttft_ms": added}, indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()
