@@ -144,7 +144,7 @@ def main() -> None:
     best = max(r["bench_req_s"] for r in rows)
     added = rows[0]["ttft_ms_median"]
     console.print(
-        f"highest rate: {best:.0f} req/s; TTFT added at concurrency 1 (median, an upper bound): {added:.3f} ms"
+        f"highest rate: {best:.0f} req/s; added TTFT at concurrency 1 (median, upper bound): {added:.3f} ms"
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_overhead.json").write_text(
