@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.models.llama import AttentionGroup, AttentionMetadata, load_model
 from llmopt.engine.scheduler import ScheduledBatch
@@ -27,6 +28,8 @@ class ModelRunner:
         num_layers = model_config.num_hidden_layers
         kv_shape = (self.block_size, self.model.num_kv_heads, self.model.head_dim)
         bytes_per_block = 2 * num_layers * kv_shape[0] * kv_shape[1] * kv_shape[2] * self.dtype.itemsize
+        # The compiled decode-attention kernel is fp32; other dtypes use PyTorch's SDPA.
+        self.use_kernels = self.dtype == torch.float32 and kernels.load()
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_memory_gb * 2**30) // bytes_per_block
         )
@@ -75,6 +78,7 @@ class ModelRunner:
             cos=self.cos[pos_tensor].unsqueeze(1),
             sin=self.sin[pos_tensor].unsqueeze(1),
             num_decode_tokens=num_decode,
+            use_kernels=self.use_kernels,
             decode=self.attention_group(decode_seqs, single_query=True) if decode_seqs else None,
             prefill=self.attention_group(prefill_seqs, single_query=False) if prefill_seqs else None,
         )
@@ -84,14 +88,15 @@ class ModelRunner:
         bs = self.block_size
         context_lens = [s.num_computed_tokens + n for s, n in seqs]
         blocks_per_seq = -(-max(context_lens) // bs)
-        block_ids = torch.zeros(len(seqs), blocks_per_seq, dtype=torch.long)
+        block_tables = torch.zeros(len(seqs), blocks_per_seq, dtype=torch.long)
         for i, (s, _) in enumerate(seqs):
             table = s.block_table[: -(-context_lens[i] // bs)]
-            block_ids[i, : len(table)] = torch.tensor(table)
+            block_tables[i, : len(table)] = torch.tensor(table)
+        lens = torch.tensor(context_lens)
         key_pos = torch.arange(blocks_per_seq * bs)
         if single_query:
-            mask = key_pos[None, :] < torch.tensor(context_lens)[:, None]
-            return AttentionGroup(block_ids.flatten(), mask[:, None, None, :], None, None)
+            mask = None if self.use_kernels else (key_pos[None, :] < lens[:, None])[:, None, None, :]
+            return AttentionGroup(block_tables, lens, mask, None, None)
         num_new = torch.tensor([n for _, n in seqs])
         max_q = int(num_new.max())
         q_offset = torch.arange(max_q)[None, :].minimum(num_new[:, None] - 1)  # pad with the last query
@@ -100,7 +105,7 @@ class ModelRunner:
         query_pos = torch.tensor([s.num_computed_tokens for s, _ in seqs])[:, None] + q_offset
         mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal, through the cached prefix
         valid = (torch.arange(max_q)[None, :] < num_new[:, None]).flatten().nonzero().squeeze(1)
-        return AttentionGroup(block_ids.flatten(), mask[:, None, :, :], query_index, valid)
+        return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid)
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int]) -> list[int]:

@@ -44,6 +44,20 @@ def test_batched_greedy_equals_transformers(llm, hf_greedy):
     assert_all_blocks_free(llm.engine)
 
 
+def test_pytorch_attention_fallback_equals_transformers(llm, hf_greedy):
+    """The path used where the compiled kernel cannot be built (and for bf16): gather + SDPA."""
+    runner = llm.engine.runner
+    was = runner.use_kernels
+    runner.use_kernels = False
+    try:
+        ids = [llm.tokenizer.encode(p) for p in PROMPTS[:4]]
+        outputs = llm.generate(ids, greedy(16))
+    finally:
+        runner.use_kernels = was
+    for prompt_ids, out in zip(ids, outputs):
+        assert out.token_ids == hf_greedy(tuple(prompt_ids), 16)
+
+
 def test_sequences_joining_mid_flight(llm, hf_greedy):
     engine = llm.engine
     ids = [llm.tokenizer.encode(p) for p in PROMPTS[:6]]

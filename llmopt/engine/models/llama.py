@@ -21,8 +21,9 @@ from transformers import AutoConfig, PretrainedConfig
 class AttentionGroup:
     """Sequences attended together: queries padded to [B, Q], keys gathered through block tables."""
 
-    block_ids: torch.Tensor  # [B * blocks_per_seq] block ids, padded with block 0
-    mask: torch.Tensor  # [B, 1, Q, blocks_per_seq * block_size] True where a query may attend
+    block_tables: torch.Tensor  # [B, blocks_per_seq] block ids, padded with block 0
+    context_lens: torch.Tensor  # [B] tokens each sequence attends to
+    mask: torch.Tensor | None  # [B, 1, Q, blocks_per_seq * block_size] True where a query may attend
     query_index: torch.Tensor | None  # [B, Q] flat rows of the group's queries (None: one query each)
     valid_index: torch.Tensor | None  # [tokens] positions of real queries in the padded [B * Q] rows
 
@@ -33,6 +34,7 @@ class AttentionMetadata:
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor
     num_decode_tokens: int  # the first rows of the batch are single-query sequences
+    use_kernels: bool  # decode attention through the compiled paged kernel (llmopt/engine/csrc)
     decode: AttentionGroup | None
     prefill: AttentionGroup | None
 
@@ -108,7 +110,17 @@ class DecoderLayer(torch.nn.Module):
 
         out = torch.empty_like(q)
         n_dec = meta.num_decode_tokens
-        if meta.decode is not None:
+        if meta.decode is not None and meta.use_kernels:
+            q_dec = q[:n_dec].contiguous()
+            out[:n_dec] = torch.ops.llmopt.paged_decode_attention(
+                q_dec,
+                k_cache,
+                v_cache,
+                meta.decode.block_tables,
+                meta.decode.context_lens,
+                self.head_dim**-0.5,
+            )
+        elif meta.decode is not None:
             out[:n_dec] = self.attend_decode(q[:n_dec], k_cache, v_cache, meta.decode)
         if meta.prefill is not None:
             out[n_dec:] = self.attend_prefill(q[n_dec:], k_cache, v_cache, meta.prefill)
@@ -116,7 +128,7 @@ class DecoderLayer(torch.nn.Module):
 
     def gather(self, cache: torch.Tensor, group: AttentionGroup, batch: int) -> torch.Tensor:
         # index_select copies whole blocks at memcpy speed (3x faster than advanced indexing here).
-        blocks = torch.index_select(cache, 0, group.block_ids)
+        blocks = torch.index_select(cache, 0, group.block_tables.flatten())
         return blocks.view(batch, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
 
     def attend_decode(self, q, k_cache, v_cache, group: AttentionGroup) -> torch.Tensor:
