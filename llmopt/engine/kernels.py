@@ -33,7 +33,7 @@ def load() -> bool:
         build_dir.mkdir(parents=True, exist_ok=True)
         build(
             name="llmopt_kernels",
-            sources=[str(CSRC / "paged_attention.cpp")],
+            sources=[str(CSRC / "cpu_kernels.cpp")],
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build_dir),

@@ -34,7 +34,7 @@ class AttentionMetadata:
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor
     num_decode_tokens: int  # the first rows of the batch are single-query sequences
-    use_kernels: bool  # decode attention through the compiled paged kernel (llmopt/engine/csrc)
+    use_kernels: bool  # compiled kernels (llmopt/engine/csrc) for decode attention and RMSNorm
     decode: AttentionGroup | None
     prefill: AttentionGroup | None
 
@@ -50,8 +50,10 @@ def matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = 
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # One fused op; bit-identical to transformers' written-out version on CPU (checked in tests).
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
+    # F.rms_norm runs six ATen ops on CPU (about 17 us for one row here); the compiled kernel one (5 us).
+    if compiled:
+        return torch.ops.llmopt.rms_norm(x, weight, eps)
     return F.rms_norm(x, weight.shape, weight, eps)
 
 
@@ -80,9 +82,9 @@ class DecoderLayer(torch.nn.Module):
         self.k_norm: torch.nn.Parameter | None = None
 
     def forward(self, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = rms_norm(hidden, self.input_norm, self.eps)
+        x = rms_norm(hidden, self.input_norm, self.eps, meta.use_kernels)
         hidden = hidden + self.attention(x, kv_cache, meta)
-        x = rms_norm(hidden, self.post_attention_norm, self.eps)
+        x = rms_norm(hidden, self.post_attention_norm, self.eps, meta.use_kernels)
         gate, up = matmul(x, self.gate_up_weight).chunk(2, dim=-1)
         return hidden + matmul(F.silu(gate) * up, self.down_weight)
 
@@ -95,8 +97,8 @@ class DecoderLayer(torch.nn.Module):
         if self.q_norm is not None:
             qk = torch.cat(
                 (
-                    rms_norm(qk[:, :heads], self.q_norm, self.eps),
-                    rms_norm(qk[:, heads:], self.k_norm, self.eps),
+                    rms_norm(qk[:, :heads], self.q_norm, self.eps, meta.use_kernels),
+                    rms_norm(qk[:, heads:], self.k_norm, self.eps, meta.use_kernels),
                 ),
                 1,
             )
@@ -173,7 +175,7 @@ class LlamaForCausalLM(torch.nn.Module):
         hidden = F.embedding(input_ids, self.embed)
         for i, layer in enumerate(self.layers):
             hidden = layer(hidden, kv_cache[i], meta)
-        return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        return rms_norm(hidden, self.norm, self.config.rms_norm_eps, meta.use_kernels)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return matmul(hidden, self.lm_head_t).float()

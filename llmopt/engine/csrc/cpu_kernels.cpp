@@ -1,5 +1,6 @@
-// Decode attention over the paged KV cache, for the CPU: one query token per sequence.
+// The engine's CPU kernels: decode attention over the paged KV cache, and RMSNorm.
 //
+// Decode attention (one query token per sequence):
 // Reads each cached key and value once for all the query heads that share its KV head (GQA), with an
 // online softmax (running max and sum), so nothing of size [context] is gathered or stored. Replaces
 // gather-then-SDPA, whose copies and fixed costs dominated decoding here.
@@ -111,6 +112,35 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   return out;
 }
 
+// RMSNorm over the last dimension, one row at a time: weight * x / sqrt(mean(x^2) + eps). One pass
+// instead of the six ATen ops (pow, sum, div, add, rsqrt, mul) that F.rms_norm runs on CPU.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && weight.scalar_type() == at::kFloat, "fp32 only");
+  auto input = x.contiguous();
+  const int64_t dim = input.size(-1), rows = input.numel() / dim;
+  TORCH_CHECK(weight.numel() == dim, "weight size must match the last dimension");
+  auto out = at::empty_like(input);
+  const float* xp = input.data_ptr<float>();
+  const float* wp = weight.contiguous().data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = xp + r * dim;
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < dim; ++i) sum += row[i] * row[i];
+      const float inv = 1.f / std::sqrt(sum / dim + (float)eps);
+      float* o = op + r * dim;
+#pragma omp simd
+      for (int64_t i = 0; i < dim; ++i) o[i] = wp[i] * (row[i] * inv);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY(llmopt, m) { m.def("paged_decode_attention", &paged_decode_attention); }
+TORCH_LIBRARY(llmopt, m) {
+  m.def("paged_decode_attention", &paged_decode_attention);
+  m.def("rms_norm", &rms_norm);
+}
