@@ -213,6 +213,75 @@ def bench(
     raise typer.Exit(code)
 
 
+@app.command()
+def report(
+    run_dirs: Annotated[
+        list[Path], typer.Argument(help="bench run folders (results/<run>); several are overlaid")
+    ],
+    out: Annotated[Path, typer.Option(help="the HTML file to write")] = Path("report.html"),
+    pricing: Annotated[
+        Path | None, typer.Option(help="pricing models (default recipes/pricing.toml)")
+    ] = None,
+) -> None:
+    """Write one self-contained HTML report (plots inlined) for one or more bench runs."""
+    from llmopt.report.html import write_report
+
+    try:
+        path = write_report(run_dirs, out, pricing)
+    except (ValueError, OSError) as exc:
+        raise fail(str(exc)) from None
+    console.print(f"report: {path}")
+
+
+@app.command()
+def cost(
+    prompt_tokens: Annotated[float, typer.Option(help="prompt tokens per request")],
+    output_tokens: Annotated[float, typer.Option(help="output tokens per request")],
+    requests: Annotated[int, typer.Option(help="how many requests to price")] = 1000,
+    request_throughput: Annotated[
+        float | None, typer.Option(help="requests/s a self-hosted server sustains (prices gpu-hour models)")
+    ] = None,
+    pricing: Annotated[
+        Path | None, typer.Option(help="pricing models (default recipes/pricing.toml)")
+    ] = None,
+) -> None:
+    """Compare token-based, request-based and self-hosted pricing for a request shape, without a run."""
+    from rich.table import Table
+
+    from llmopt.bench.cost import cost_table, load_pricing
+    from llmopt.report.html import break_even, money
+
+    if prompt_tokens < 0 or output_tokens < 0 or requests < 1:
+        raise fail("token counts must be >= 0 and --requests >= 1")
+    try:
+        rows = cost_table(load_pricing(pricing), prompt_tokens, output_tokens, requests, request_throughput)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    table = Table(title=f"{prompt_tokens:,.0f} prompt + {output_tokens:,.0f} output tokens per request")
+    for col in (
+        "pricing model",
+        "kind",
+        "$ / request",
+        "$ / 1M output tokens",
+        f"$ for {requests:,} requests",
+        "break-even prompt length",
+    ):
+        table.add_column(
+            col, justify="left" if col in ("pricing model", "kind", "break-even prompt length") else "right"
+        )
+    for r in rows:
+        total = money(r["total"]) if r["total"] is not None else "- (give --request-throughput)"
+        table.add_row(
+            r["name"],
+            r["kind"],
+            money(r["per_request"]),
+            money(r["per_1m_output_tokens"]),
+            total,
+            break_even(r),
+        )
+    Console(width=200).print(table)
+
+
 def main() -> None:
     app()
 

@@ -106,7 +106,11 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
     if points:
         wide = Console(width=None if console.is_terminal else 200)  # a file or pipe gets the whole table
         wide.print(results_table(points, f"p{max(config.percentiles):g}"))
-    console.print(f"results: {run_dir}/summary.json, summary.csv, requests.jsonl")
+    if points:
+        from llmopt.report.html import write_report
+
+        write_report([run_dir], run_dir / "report.html")
+    console.print(f"results: {run_dir}/summary.json, summary.csv, requests.jsonl, report.html")
     if interrupted:
         console.print("[yellow]interrupted: finished requests are kept; continue with --resume[/]")
         return 130

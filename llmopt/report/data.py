@@ -1,0 +1,45 @@
+"""A bench run as the report reads it: its settings, point summaries and request records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    settings: dict
+    points: list[dict]
+    records: list[dict]
+
+    def series(self) -> dict[tuple[str, int, int], list[dict]]:
+        """Points grouped by (server, prompt length, output length), each group ordered by load."""
+        groups: dict[tuple[str, int, int], list[dict]] = {}
+        for p in self.points:
+            groups.setdefault((p["server"], p["prompt_len"], p["output_len"]), []).append(p)
+        for group in groups.values():
+            group.sort(key=lambda p: (p["concurrency"] or 0, p["request_rate"] or 0))
+        return groups
+
+    def records_of(self, key: str) -> list[dict]:
+        return [r for r in self.records if r.get("point") == key and r.get("success")]
+
+
+def load_run(path: Path) -> Run:
+    summary = path / "summary.json"
+    if not summary.is_file():
+        raise ValueError(f"{path} is not a bench run (no summary.json)")
+    data = json.loads(summary.read_text())
+    records_file = path / "requests.jsonl"
+    records = (
+        [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.is_file() else []
+    )
+    return Run(path.name, path, data.get("settings", {}), data.get("points", []), records)
+
+
+def load_value(point: dict) -> float:
+    """The x of a load point: its concurrency, or its request rate."""
+    return point["concurrency"] if point["concurrency"] is not None else point["request_rate"]
