@@ -23,6 +23,13 @@ def root() -> None:
     """Quantize, serve and benchmark LLMs."""
 
 
+SPEC_HELP = (
+    "speculative decoding, as vLLM: "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
+    'or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\''
+)
+
+
 def fail(message: str) -> typer.Exit:
     console.print(f"[red]error:[/red] {message}")
     return typer.Exit(code=1)
@@ -39,6 +46,7 @@ def generate(
     seed: int | None = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = False,
     dtype: str = "float32",
+    speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
 ) -> None:
     """Generate a completion in-process and print it with its speed."""
     from llmopt.engine.llm import LLM
@@ -50,7 +58,7 @@ def generate(
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
         )
-        llm = LLM(model, dtype=dtype)
+        llm = LLM(model, dtype=dtype, speculative_config=speculative_config)
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
     request = llm.chat_prompt(prompt) if chat else prompt
@@ -87,6 +95,7 @@ def serve(
     max_queue_len: Annotated[
         int | None, typer.Option(help="waiting requests beyond this get HTTP 429")
     ] = None,
+    speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
 ) -> None:
     """Serve a model behind an OpenAI-compatible API (flags follow vLLM's)."""
     from llmopt.engine.config import EngineConfig
@@ -104,6 +113,7 @@ def serve(
             max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
+            speculative_config=speculative_config,
         )
         run_server(config, host, port, served_model_name, api_key, max_queue_len)
     except (ModelError, ValueError) as exc:

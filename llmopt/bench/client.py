@@ -81,6 +81,9 @@ class Target:
         return body
 
 
+STALE_CONNECTION_RETRIES = 4
+
+
 def chunk_text(chunk: dict) -> str:
     choices = chunk.get("choices") or []
     if not choices:
@@ -101,17 +104,17 @@ async def send(
 ) -> RequestRecord:
     """Send one streamed request and time it. Never raises for an HTTP or network failure: the record
     says what went wrong. `count_tokens(text)` counts output tokens when the server gives no usage."""
-    try:
-        return await _send_once(session, target, req, index, t0, count_tokens)
-    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-        # A pooled keep-alive connection the server had already closed (llama.cpp closes one after a
-        # few requests): nothing was sent, so send again, timed afresh, on a new connection.
+    for attempt in range(STALE_CONNECTION_RETRIES + 1):
         try:
             return await _send_once(session, target, req, index, t0, count_tokens)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # A pooled keep-alive connection the server had already closed (llama.cpp's server closes
+            # them after a few requests or seconds): nothing was received, so send again, timed afresh.
+            if attempt == STALE_CONNECTION_RETRIES or isinstance(exc, aiohttp.ClientConnectorError):
+                return failed_record(index, req, t0, exc)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return failed_record(index, req, t0, exc)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        return failed_record(index, req, t0, exc)
+    raise AssertionError("unreachable")
 
 
 def failed_record(index: int, req: BenchRequest, t0: float, exc: BaseException) -> RequestRecord:

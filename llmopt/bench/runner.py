@@ -64,7 +64,8 @@ async def run_point(
     """Drive one load point. Each finished record is written to `records_out` at once (one JSON line),
     so an interrupted run keeps everything that finished."""
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # Idle keep-alive connections are dropped before servers drop them (llama.cpp's after 5 s).
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         if point.warmup:
             pool = point.warmup_requests or requests

@@ -18,6 +18,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (one per core)
     seed: int = 0  # seeds requests that give no seed of their own
+    # vLLM-style: {"method": "ngram"|"draft", "num_speculative_tokens": k, ...} (dict or JSON text)
+    speculative_config: dict | str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1:

@@ -17,6 +17,10 @@ from llmopt.models import cache_dir
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
+# What the decode-attention kernel handles (see cpu_kernels.cpp); other models use PyTorch's SDPA.
+HEAD_DIMS = (32, 64, 128)
+MAX_GROUP = 16
+MAX_BLOCK_SIZE = 64
 
 
 @functools.cache  # one build per process: the library registers its ops in torch.ops.llmopt

@@ -14,9 +14,11 @@ from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
 from llmopt.engine.model_runner import ModelRunner
+from llmopt.engine.sampler import ban_stop_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import Scheduler
 from llmopt.engine.sequence import RequestOutput, Sequence
+from llmopt.engine.spec_decode import DraftProposer, SpecStats, SpeculativeConfig, make_proposer, verify
 from llmopt.models import load_tokenizer, resolve_model
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,11 @@ class EngineStats:
     prompt_tokens: int
     generation_tokens: int
     requests_finished: int  # with finish_reason stop or length
+    spec_drafts: int = 0  # verification steps with at least one proposed token
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_by_position: list[float] | None = None
+    spec_mean_acceptance_length: float = 0.0
 
 
 class LLMEngine:
@@ -65,6 +72,14 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.eos_token_ids = self._eos_token_ids()
+        self.speculative_config = SpeculativeConfig.parse(config.speculative_config)
+        vocab = self.runner.model.config.vocab_size
+        self.proposer = (
+            make_proposer(self.speculative_config, config, vocab, self.max_model_len)
+            if self.speculative_config
+            else None
+        )
+        self.spec_stats = SpecStats()
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
@@ -162,37 +177,86 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batched forward; return the outputs it produced (each also goes to its callback)."""
         outputs = self._drain_queues()
+        if self.proposer is not None:
+            self._propose()
         batch = self.scheduler.schedule()
-        if batch.seqs:
-            sample_seqs = [
-                s for s, n in zip(batch.seqs, batch.num_new_tokens) if s.num_computed_tokens + n == len(s)
-            ]
-            tokens = self.runner.run(batch, sample_seqs, self.eos_token_ids)
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        if not batch.seqs:
+            return outputs
+        # Sequences whose new tokens reach the end of their context get logits: one row, or 1 + k rows
+        # when they verify k proposed tokens.
+        counts = [
+            1 + len(s.spec_token_ids) if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids) else 0
+            for s, n in zip(batch.seqs, batch.num_new_tokens)
+        ]
+        logits = self.runner.run(batch, counts)
+        now = time.perf_counter()
+        row = 0
+        for seq, n, count in zip(batch.seqs, batch.num_new_tokens, counts):
+            seq_logits, row = logits[row : row + count], row + count
+            if count == 0:  # a prefill chunk with more to come
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
-            now = time.perf_counter()
-            outputs.extend(self._append_token(seq, token, now) for seq, token in zip(sample_seqs, tokens))
+                continue
+            if seq.spec_token_ids:
+                new_tokens, accepted = verify(
+                    seq_logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
+                )
+                self.spec_stats.record(len(seq.spec_token_ids), accepted)
+                # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
+                seq.num_computed_tokens += 1 + accepted
+                seq.spec_token_ids, seq.spec_draft_probs = [], None
+            else:
+                ban_stop_tokens(seq_logits, self.eos_token_ids, seq.params, seq.num_output_tokens)
+                new_tokens = sample_rows(seq_logits, seq.params, seq.generator)
+                seq.num_computed_tokens += n
+                seq.spec_draft_probs = None
+            seq.token_ids.extend(new_tokens)
+            self.block_manager.cache_full_blocks(seq)
+            outputs.append(self._emit(seq, new_tokens, now))
         return outputs
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _propose(self) -> None:
+        """Give every decoding sequence up to k proposed tokens to verify in this step."""
+        k = self.speculative_config.num_speculative_tokens
+        ready, ks = [], []
+        for seq in self.scheduler.running:
+            if seq.num_computed_tokens == len(seq) - 1:
+                room = min(
+                    k, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1
+                )
+                if room > 0:
+                    ready.append(seq)
+                    ks.append(room)
+        if ready:
+            for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
+                seq.spec_token_ids, seq.spec_draft_probs = proposal.tokens, proposal.draft_probs
+
+    def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
+        """Hand out the tokens a step appended, stopping at the first one that finishes the request."""
         request = self._requests[seq.request_id]
         if seq.first_token_time is None:
             seq.first_token_time = now
-        seq.token_ids.append(token)
-        self.generation_tokens_total += 1
         params = seq.params
+        start = len(seq) - len(tokens)
         reason = None
-        if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
-            reason = "stop"
-        elif request.detokenizer.add(token) is not None:
-            reason = "stop"
-        elif seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
-            reason = "length"
+        emitted: list[int] = []
+        for token in tokens:
+            emitted.append(token)
+            self.generation_tokens_total += 1
+            length = start + len(emitted)
+            if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
+                reason = "stop"
+            elif request.detokenizer.add(token) is not None:
+                reason = "stop"
+            elif length - seq.num_prompt_tokens >= params.max_tokens or length >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                break
         if reason is not None:
+            del seq.token_ids[start + len(emitted) :]  # accepted tokens past the stop are dropped
             self.scheduler.finish(seq, reason)
-            return self._finish(request, [token])
-        output = RequestOutput(seq.request_id, [token], request.detokenizer.take_delta(False), False)
+            return self._finish(request, emitted)
+        output = RequestOutput(seq.request_id, emitted, request.detokenizer.take_delta(False), False)
         if request.on_output is not None:
             request.on_output(output)
         return output
@@ -201,6 +265,8 @@ class LLMEngine:
         seq = request.seq
         seq.finish_time = time.perf_counter()
         del self._requests[seq.request_id]
+        if isinstance(self.proposer, DraftProposer):
+            self.proposer.release(seq.request_id)
         self.prompt_tokens_total += seq.num_prompt_tokens
         self.requests_finished += seq.finish_reason != "abort"
         output = RequestOutput(
@@ -230,4 +296,9 @@ class LLMEngine:
             prompt_tokens=self.prompt_tokens_total,
             generation_tokens=self.generation_tokens_total,
             requests_finished=self.requests_finished,
+            spec_drafts=self.spec_stats.drafts,
+            spec_draft_tokens=self.spec_stats.draft_tokens,
+            spec_accepted_tokens=self.spec_stats.accepted_tokens,
+            spec_acceptance_by_position=self.spec_stats.acceptance_by_position(),
+            spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
         )

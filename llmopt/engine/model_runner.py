@@ -28,8 +28,14 @@ class ModelRunner:
         num_layers = model_config.num_hidden_layers
         kv_shape = (self.block_size, self.model.num_kv_heads, self.model.head_dim)
         bytes_per_block = 2 * num_layers * kv_shape[0] * kv_shape[1] * kv_shape[2] * self.dtype.itemsize
-        # The compiled decode-attention kernel is fp32; other dtypes use PyTorch's SDPA.
-        self.use_kernels = self.dtype == torch.float32 and kernels.load()
+        # The compiled kernels are fp32 and cover the usual head sizes; otherwise PyTorch's ops run.
+        self.use_kernels = (
+            self.dtype == torch.float32
+            and self.model.head_dim in kernels.HEAD_DIMS
+            and self.model.config.num_attention_heads // self.model.num_kv_heads <= kernels.MAX_GROUP
+            and config.block_size <= kernels.MAX_BLOCK_SIZE
+            and kernels.load()
+        )
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_memory_gb * 2**30) // bytes_per_block
         )
@@ -43,18 +49,19 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch, sample_seqs: list[Sequence], stop_ids: set[int]) -> list[int]:
-        """Compute the batch; return one sampled token for each of `sample_seqs` (in that order).
-
-        `sample_seqs` are the batch's sequences whose new tokens reach the end of their context.
-        """
+    def run(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:
+        """Compute the batch; return fp32 logits [sum(num_logits), vocab]: for each sequence, those of
+        its last `num_logits[i]` computed positions (0 for a prefill chunk that is not the last one)."""
         input_ids, meta, last_rows = self.prepare(batch)
         hidden = self.model(input_ids, self.kv_cache, meta)
-        if not sample_seqs:
-            return []
-        rows = torch.tensor([last_rows[id(s)] for s in sample_seqs])
-        logits = self.model.logits(hidden[rows])
-        return sample(logits, sample_seqs, stop_ids)
+        rows = [
+            row
+            for seq, count in zip(batch.seqs, num_logits)
+            for row in range(last_rows[id(seq)] - count + 1, last_rows[id(seq)] + 1)
+        ]
+        if not rows:
+            return torch.empty(0, self.model.config.vocab_size)
+        return self.model.logits(hidden[torch.tensor(rows)])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, dict[int, int]]:
         bs = self.block_size
@@ -64,7 +71,8 @@ class ModelRunner:
         last_rows: dict[int, int] = {}
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start = seq.num_computed_tokens
-            input_ids.extend(seq.token_ids[start : start + n])
+            tokens = seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
+            input_ids.extend(tokens[start : start + n])
             for pos in range(start, start + n):
                 positions.append(pos)
                 slots.append(seq.block_table[pos // bs] * bs + pos % bs)
@@ -106,33 +114,3 @@ class ModelRunner:
         mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal, through the cached prefix
         valid = (torch.arange(max_q)[None, :] < num_new[:, None]).flatten().nonzero().squeeze(1)
         return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid)
-
-
-def sample(logits: torch.Tensor, seqs: list[Sequence], stop_ids: set[int]) -> list[int]:
-    """Greedy rows by argmax; sampled rows with temperature, top-k, top-p and a per-request generator."""
-    for i, seq in enumerate(seqs):
-        if seq.num_output_tokens < seq.params.min_tokens:  # not allowed to stop yet
-            banned = list(stop_ids | set(seq.params.stop_token_ids))
-            logits[i, banned] = float("-inf")
-    tokens = logits.argmax(dim=-1).tolist()
-    sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
-    if not sampled:
-        return tokens
-    rows = logits[sampled]
-    rows = rows / torch.tensor([[seqs[i].params.temperature] for i in sampled])
-    for j, i in enumerate(sampled):
-        top_k = seqs[i].params.top_k
-        if 0 < top_k < rows.shape[1]:
-            kth = torch.topk(rows[j], top_k).values[-1]
-            rows[j].masked_fill_(rows[j] < kth, float("-inf"))
-    top_p = torch.tensor([[seqs[i].params.top_p] for i in sampled])
-    if bool((top_p < 1).any()):
-        sorted_logits, order = rows.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # Drop a token when the tokens before it already cover top_p; the first token always stays.
-        drop = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
-        rows = rows.scatter(1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = rows.softmax(dim=-1)
-    for j, i in enumerate(sampled):
-        tokens[i] = int(torch.multinomial(probs[j], 1, generator=seqs[i].generator))
-    return tokens

@@ -55,7 +55,11 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            num_new = min(len(seq) - seq.num_computed_tokens, budget)
+            if seq.spec_token_ids:  # a decode that also verifies proposals: 1 + k tokens, within budget
+                del seq.spec_token_ids[budget - 1 :]
+                if seq.spec_draft_probs is not None:
+                    seq.spec_draft_probs = seq.spec_draft_probs[: len(seq.spec_token_ids)]
+            num_new = min(len(seq) + len(seq.spec_token_ids) - seq.num_computed_tokens, budget)
             while bm.blocks_needed(seq, seq.num_computed_tokens + num_new) > bm.num_free_blocks:
                 victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
                 self.preempt(victim)
@@ -95,6 +99,7 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.spec_token_ids, seq.spec_draft_probs = [], None
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

@@ -29,6 +29,8 @@ class Sequence:
         # Hashes of this sequence's full blocks that are in the prefix cache, in order.
         self.block_hashes: list[int] = []
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
+        self.spec_token_ids: list[int] = []  # proposed tokens this step verifies (speculative decoding)
+        self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_preemptions = 0
         self.finish_reason: str | None = None  # "stop", "length" or "abort"

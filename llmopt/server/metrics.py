@@ -63,6 +63,22 @@ class EngineCollector:
         yield counter("prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens)
         yield counter("generation_tokens", "Generated tokens.", s.generation_tokens)
         yield counter("request_success", "Requests finished (stop or length).", s.requests_finished)
+        yield counter("spec_decode_num_drafts", "Speculative verification steps.", s.spec_drafts)
+        yield counter("spec_decode_num_draft_tokens", "Proposed tokens.", s.spec_draft_tokens)
+        yield counter("spec_decode_num_accepted_tokens", "Accepted proposed tokens.", s.spec_accepted_tokens)
+        yield gauge(
+            "spec_decode_mean_acceptance_length",
+            "Tokens per verification step.",
+            s.spec_mean_acceptance_length,
+        )
+        by_position = GaugeMetricFamily(
+            "llmopt:spec_decode_acceptance_rate_by_position",
+            "Share of proposals accepted at each position.",
+            labels=[*self.labels, "position"],
+        )
+        for position, rate in enumerate(s.spec_acceptance_by_position or []):
+            by_position.add_metric([*self.labels.values(), str(position)], rate)
+        yield by_position
 
 
 class ServerMetrics:

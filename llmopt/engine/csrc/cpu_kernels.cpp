@@ -100,12 +100,11 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const float* qh = qp + (b * heads + h * group) * dim;
       float* oh = op + (b * heads + h * group) * dim;
       const int64_t* table = tp + b * max_blocks;
-      if (dim == 64) {
-        decode_heads<64>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh);
-      } else if (dim == 128) {
-        decode_heads<128>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh);
-      } else {
-        TORCH_CHECK(false, "head_dim must be 64 or 128");
+      switch (dim) {
+        case 32: decode_heads<32>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
+        case 64: decode_heads<64>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
+        case 128: decode_heads<128>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
+        default: TORCH_CHECK(false, "head_dim must be 32, 64 or 128");
       }
     }
   });

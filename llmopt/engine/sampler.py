@@ -1,0 +1,42 @@
+"""Turning logits into tokens: greedy, or temperature / top-k / top-p with a per-request generator."""
+
+from __future__ import annotations
+
+import torch
+
+from llmopt.engine.sampling_params import SamplingParams
+
+
+def ban_stop_tokens(
+    logits: torch.Tensor, stop_ids: set[int], params: SamplingParams, num_output: int
+) -> None:
+    """Rows of `logits` are consecutive output positions starting at `num_output`: while fewer than
+    `min_tokens` tokens have been generated, stopping tokens cannot be sampled."""
+    allowed_from = params.min_tokens - num_output
+    if allowed_from > 0:
+        banned = list(stop_ids | set(params.stop_token_ids))
+        logits[:allowed_from, banned] = float("-inf")
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled request draws from: temperature, then top-k, then top-p."""
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        # Drop a token when the tokens before it already cover top_p; the most likely token always stays.
+        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    return logits.softmax(dim=-1)
+
+
+def sample_rows(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> list[int]:
+    """One token per row of `logits` [rows, vocab]."""
+    if params.greedy:
+        return logits.argmax(dim=-1).tolist()
+    probs = probabilities(logits, params)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()

@@ -1,0 +1,219 @@
+"""Speculative decoding: greedy output is unchanged token for token, sampling keeps the target's
+distribution, bad configurations fail at start-up."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from llmopt.engine.llm import LLM
+from llmopt.engine.sampling_params import SamplingParams
+from llmopt.engine.sequence import Sequence
+from llmopt.engine.spec_decode import NgramProposer, SpeculativeConfig, verify
+from tests.conftest import PROMPTS
+
+# Prompts whose continuations repeat what came before, so that n-gram lookups find proposals.
+REPETITIVE = [
+    "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5,",
+    "def add(a, b):\n    return a + b\n\ndef add(a, b):\n",
+    "Roses are red, violets are blue. Roses are red, violets are",
+]
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(model_dir, tmp_path_factory):
+    """A real, loadable 2-layer Llama with the target's vocabulary and random weights: its proposals are
+    mostly rejected, which exercises the rejection path."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-draft")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=8192,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, folder / name)
+    return folder
+
+
+def check_equal(llm: LLM, hf_greedy, prompts: list[str], n: int) -> None:
+    ids = [llm.tokenizer.encode(p) for p in prompts]
+    outputs = llm.generate(ids, greedy(n))
+    for prompt_ids, out in zip(ids, outputs):
+        assert out.token_ids == hf_greedy(tuple(prompt_ids), n)
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_ngram_greedy_equals_transformers(model_dir, hf_greedy, k):
+    llm = LLM(
+        str(model_dir), num_kv_blocks=256, speculative_config={"method": "ngram", "num_speculative_tokens": k}
+    )
+    check_equal(llm, hf_greedy, REPETITIVE + PROMPTS[:4], 32)
+    stats = llm.engine.stats()
+    assert stats.spec_drafts > 0 and stats.spec_accepted_tokens > 0
+    assert len(stats.spec_acceptance_by_position) == k
+    # A prefix-cache hit on the second round, with speculation.
+    hits = llm.engine.block_manager.prefix_cache_hits
+    check_equal(llm, hf_greedy, [REPETITIVE[0] + " jumps over"], 16)
+    assert llm.engine.block_manager.prefix_cache_hits > hits
+
+
+def test_ngram_with_preemption_and_chunked_prefill(model_dir, hf_greedy):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=14,
+        max_num_batched_tokens=32,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3},
+    )
+    check_equal(llm, hf_greedy, REPETITIVE + PROMPTS[4:8], 40)
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_draft_model_greedy_equals_transformers(model_dir, hf_greedy, tiny_draft, k):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": k},
+    )
+    check_equal(llm, hf_greedy, REPETITIVE[:2] + PROMPTS[:4], 24)
+    assert llm.engine.stats().spec_drafts > 0
+    assert not llm.engine.proposer.states, "finished requests release their draft KV blocks"
+    draft_bm = llm.engine.proposer.block_manager
+    assert draft_bm.num_free_blocks == draft_bm.num_blocks
+
+
+def test_the_target_as_its_own_draft_accepts_everything(model_dir, hf_greedy):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(model_dir), "num_speculative_tokens": 3},
+    )
+    check_equal(llm, hf_greedy, PROMPTS[:3], 20)
+    stats = llm.engine.stats()
+    assert stats.spec_accepted_tokens == stats.spec_draft_tokens > 0  # all accepted, bonus every step
+    # k = 3 except near max_tokens, where fewer are proposed: each step yields its proposals + 1.
+    assert stats.spec_mean_acceptance_length == pytest.approx(1 + stats.spec_draft_tokens / stats.spec_drafts)
+    assert 3.5 < stats.spec_mean_acceptance_length <= 4
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 3}, "method must be one of"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, ">= 1"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "unknown speculative config keys"),
+        ({"method": "draft", "num_speculative_tokens": 2}, 'needs "model"'),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
+            "lookup",
+        ),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_bad_configs_fail_with_one_clear_error(config, message):
+    with pytest.raises(ValueError, match=message):
+        SpeculativeConfig.parse(config)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(model_dir, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, tmp_path / name)
+    spec = json.dumps({"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(model_dir), num_kv_blocks=32, speculative_config=spec)
+
+
+def test_ngram_lookup_finds_the_latest_longest_match():
+    proposer = NgramProposer(SpeculativeConfig("ngram", 3, prompt_lookup_min=1, prompt_lookup_max=3))
+    assert proposer.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3) == [7, 8, 1]
+    assert proposer.lookup([5, 6, 7], 2) == []
+    assert proposer.lookup([4, 4], 2) == [4]
+
+
+# ---- the rejection sampler keeps the target distribution ------------------------------------------
+
+TARGET_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0])
+P = TARGET_LOGITS.softmax(-1).numpy()
+
+
+def wrong_verify(logits, draft, draft_probs, seq, stop_ids):
+    """A deliberately wrong sampler: accept proposals whenever they are plausible at all."""
+    return [draft[0]] if float(logits[0].softmax(-1)[draft[0]]) > 0.05 else [int(logits[0].argmax())], 1
+
+
+def first_token_frequencies(verifier, draft_probs: torch.Tensor | None, n: int = 20000) -> np.ndarray:
+    seq = Sequence("r", [1, 2, 3], SamplingParams(temperature=1.0, max_tokens=8), seed=123)
+    generator = torch.Generator().manual_seed(7)
+    counts = np.zeros(len(P))
+    logits = TARGET_LOGITS.repeat(2, 1)
+    for _ in range(n):
+        if draft_probs is None:
+            draft = [3]  # an n-gram proposal: certain, and unlikely under the target
+        else:
+            draft = [int(torch.multinomial(draft_probs[0], 1, generator=generator))]
+        tokens, _ = verifier(logits.clone(), draft, draft_probs, seq, set())
+        counts[tokens[0]] += 1
+    return counts
+
+
+def chi_square(counts: np.ndarray) -> float:
+    expected = P * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# 5 degrees of freedom: the 99.9th percentile of chi-square is 20.5.
+BOUND = 20.5
+
+
+@pytest.mark.parametrize("draft_probs", [None, torch.tensor([[0.05, 0.05, 0.1, 0.5, 0.2, 0.1]])])
+def test_rejection_sampling_follows_the_target_distribution(draft_probs):
+    assert chi_square(first_token_frequencies(verify, draft_probs)) < BOUND
+    assert chi_square(first_token_frequencies(wrong_verify, draft_probs)) > BOUND
+
+
+def test_sampled_outputs_agree_with_and_without_speculation(model_dir):
+    """The same requests at temperature 1, served with and without n-gram speculation: the tokens the
+    verifier decides follow the same distribution (total variation distance over 400 seeded samples)."""
+    prompt = REPETITIVE[1]
+
+    def second_tokens(spec) -> np.ndarray:
+        llm = LLM(str(model_dir), num_kv_blocks=128, speculative_config=spec)
+        params = [SamplingParams(max_tokens=3, temperature=1.0, seed=s) for s in range(400)]
+        outs = llm.generate([prompt] * 400, params)
+        return np.array([o.token_ids[1] for o in outs])
+
+    base = second_tokens(None)
+    spec = second_tokens({"method": "ngram", "num_speculative_tokens": 3})
+    support = np.union1d(base, spec)
+    tv = 0.5 * sum(abs((base == t).mean() - (spec == t).mean()) for t in support)
+    assert tv < 0.12, tv
