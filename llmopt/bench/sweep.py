@@ -346,8 +346,11 @@ def run_sweep(
                     progress = on_point_start(key, point) if on_point_start else None
                     writer = _TaggedWriter(records_out, key)
                     count = (lambda text: wl.count_tokens(tokenizer, text)) if tokenizer is not None else None
+                    before = scrape_spec_counters(endpoint) if server is not None else None
                     result = asyncio.run(run_point(target, requests, point, writer, progress, count))
                     summary = summarize(result.records, result.wall_s, slo, config.percentiles)
+                    if before is not None:
+                        summary["spec"] = spec_delta(before, scrape_spec_counters(endpoint))
                     summary.update(
                         {
                             "key": key,
@@ -371,6 +374,41 @@ def run_sweep(
                 if server is not None:
                     server.stop()
     return points
+
+
+SPEC_COUNTERS = {
+    "drafts": "llmopt:spec_decode_num_drafts_total",
+    "draft_tokens": "llmopt:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "llmopt:spec_decode_num_accepted_tokens_total",
+}
+
+
+def scrape_spec_counters(endpoint: str) -> dict[str, float]:
+    """A local llmopt server's speculative-decoding counters (empty when it has none)."""
+    try:
+        text = httpx.get(endpoint.removesuffix("/v1") + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    values = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        for key, metric in SPEC_COUNTERS.items():
+            if name == metric:
+                values[key] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict | None:
+    if not after or not after.get("drafts"):
+        return None
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in SPEC_COUNTERS}
+    delta["acceptance_rate"] = (
+        delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] else None
+    )
+    delta["mean_acceptance_length"] = (
+        1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None
+    )
+    return delta
 
 
 class _TaggedWriter:

@@ -167,6 +167,9 @@ def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -
     prefix = plots.prefix_caching(runs)
     if prefix:
         figures.append(("Prefix caching on and off", prefix))
+    spec = plots.speculative(runs)
+    if spec:
+        figures.append(("Speculative decoding: speed-up and acceptance against k", spec))
     cost_blocks = []
     for run in runs:
         ok = [p for p in run.points if p["successful"]]

@@ -167,6 +167,53 @@ def prefix_caching(runs: list[Run]) -> str | None:
     return to_svg(fig)
 
 
+def speculative(runs: list[Run]) -> str | None:
+    """Speed-up over the same sweep's server without speculation, and acceptance rate, against k."""
+    import json as _json
+
+    rows = []  # (method, k, load label, speed-up, acceptance)
+    for run in runs:
+        base = {
+            (p["prompt_len"], p["output_len"], p["load"]): p["output_throughput"]
+            for p in run.points
+            if p.get("server_args") is not None and not (p["server_args"] or {}).get("speculative-config")
+        }
+        for p in run.points:
+            spec = (p.get("server_args") or {}).get("speculative-config")
+            if not spec:
+                continue
+            spec = _json.loads(spec) if isinstance(spec, str) else spec
+            ref = base.get((p["prompt_len"], p["output_len"], p["load"]))
+            acceptance = (p.get("spec") or {}).get("acceptance_rate")
+            rows.append(
+                (
+                    spec.get("method"),
+                    spec.get("num_speculative_tokens"),
+                    p["load"],
+                    p["output_throughput"] / ref if ref else None,
+                    acceptance,
+                )
+            )
+    if not rows:
+        return None
+    fig, (ax_speed, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for method, load in sorted({(r[0], r[2]) for r in rows}):
+        pts = sorted((r[1], r[3], r[4]) for r in rows if r[0] == method and r[2] == load)
+        ks = [k for k, _, _ in pts]
+        if any(s is not None for _, s, _ in pts):
+            ax_speed.plot(ks, [s for _, s, _ in pts], marker="o", label=f"{method}, {load}")
+        if any(a is not None for _, _, a in pts):
+            ax_acc.plot(ks, [a for _, _, a in pts], marker="o", label=f"{method}, {load}")
+    ax_speed.axhline(1.0, color="grey", lw=0.8)
+    ax_speed.set_title("speed-up over no speculation (output tok/s)")
+    ax_acc.set_title("acceptance rate of proposed tokens")
+    for ax in (ax_speed, ax_acc):
+        ax.set_xlabel("k (num_speculative_tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return to_svg(fig)
+
+
 def cost_vs_prompt_length(
     models: list[PricingModel],
     output_tokens: float,

@@ -1,0 +1,135 @@
+"""Speculative decoding against plain decoding, in one run: batch 1 and 4, a copy-heavy workload (the
+answer repeats the prompt) and a free-writing one, with speculation off, n-gram k=3/5 and draft k=3/5.
+Greedy, so every configuration produces the same tokens (checked): only the speed differs.
+Prints tok/s, acceptance rate and speed-up; writes results/spec_decode.json.
+
+    .venv/bin/python benchmarks/spec_decode.py [--draft-model PATH] [--max-tokens 128]
+
+The draft defaults to the target itself (acceptance at its ceiling, no speed-up: it costs as much as
+the target); pass a cheaper model, such as an int8 or int4 copy, to measure a real draft.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.sampling_params import SamplingParams
+from llmopt.models import resolve_model
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+PASSAGES = [
+    "The Python interpreter reads a program line by line. Each line is split into tokens, the tokens are "
+    "parsed into a tree, and the tree is compiled into bytecode that a virtual machine executes.",
+    "A paged KV cache stores the keys and values of every sequence in fixed-size blocks. A block table maps "
+    "each sequence's positions to blocks, so memory is allocated as the sequence grows.",
+    "Speculative decoding drafts several tokens cheaply and verifies them in one forward pass of the large "
+    "model. Accepted tokens cost one pass instead of several, and the output does not change.",
+    "Continuous batching lets new requests join a running batch at every step instead of waiting for the "
+    "whole batch to finish, which keeps the hardware busy and the queue short.",
+]
+TOPICS = ["a lighthouse keeper", "a robot learning to paint", "a city under the sea", "the last train home"]
+
+
+def workloads() -> dict[str, list[str]]:
+    return {
+        "copy-heavy": [f"Repeat the following text exactly, word for word:\n\n{p}" for p in PASSAGES],
+        "free-writing": [f"Write a short story about {t}." for t in TOPICS],
+    }
+
+
+def run(
+    engine: LLMEngine, prompts: list[list[int]], batch: int, max_tokens: int
+) -> tuple[float, list[list[int]]]:
+    engine.scheduler.max_num_seqs = batch
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    ids = [engine.add_request(p, params) for p in prompts]
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    start = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    return time.perf_counter() - start, [tokens[i] for i in ids]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--draft-model", default=None, help="default: the target itself")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    args = ap.parse_args()
+    console = Console(width=150)
+    target = str(resolve_model())
+    draft = args.draft_model or target
+    configs = {
+        "off": None,
+        "ngram k=3": {"method": "ngram", "num_speculative_tokens": 3},
+        "ngram k=5": {"method": "ngram", "num_speculative_tokens": 5},
+        "draft k=3": {"method": "draft", "model": draft, "num_speculative_tokens": 3},
+        "draft k=5": {"method": "draft", "model": draft, "num_speculative_tokens": 5},
+    }
+    results: dict[str, dict] = {}
+    reference: dict[tuple[str, int], list[list[int]]] = {}
+    for name, spec in configs.items():
+        console.print(f"{name} ...")
+        engine = LLMEngine(EngineConfig(model=target, speculative_config=spec, num_kv_blocks=512))
+        for workload, texts in workloads().items():
+            prompts = [engine.chat_token_ids([{"role": "user", "content": t}]) for t in texts]
+            run(engine, prompts[:1], 1, 8)  # warm-up
+            for batch in (1, 4):
+                before = engine.stats()
+                seconds, outputs = run(engine, prompts, batch, args.max_tokens)
+                after = engine.stats()
+                key = (workload, batch)
+                reference.setdefault(key, outputs)
+                assert outputs == reference[key], f"{name} changed the greedy output of {workload}"
+                drafted = after.spec_draft_tokens - before.spec_draft_tokens
+                accepted = after.spec_accepted_tokens - before.spec_accepted_tokens
+                steps = after.spec_drafts - before.spec_drafts
+                results[f"{name}|{workload}|{batch}"] = {
+                    "config": name,
+                    "workload": workload,
+                    "batch": batch,
+                    "tokens": sum(map(len, outputs)),
+                    "seconds": seconds,
+                    "tok_s": sum(map(len, outputs)) / seconds,
+                    "acceptance_rate": accepted / drafted if drafted else None,
+                    "mean_acceptance_length": 1 + accepted / steps if steps else None,
+                }
+        del engine
+
+    table = Table(
+        title=f"speculative decoding, greedy, {args.max_tokens} max tokens, draft = {Path(draft).name}"
+    )
+    for col in ("workload", "batch", "config", "tok/s", "speed-up", "acceptance", "tokens/step"):
+        table.add_column(col, justify="right")
+    for r in results.values():
+        base = results[f"off|{r['workload']}|{r['batch']}"]["tok_s"]
+        r["speedup"] = r["tok_s"] / base
+    for workload in workloads():
+        for batch in (1, 4):
+            for name in configs:
+                r = results[f"{name}|{workload}|{batch}"]
+                table.add_row(
+                    workload,
+                    str(batch),
+                    name,
+                    f"{r['tok_s']:.1f}",
+                    f"{r['speedup']:.2f}x",
+                    "-" if r["acceptance_rate"] is None else f"{100 * r['acceptance_rate']:.0f}%",
+                    "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}",
+                )
+    console.print(table)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "spec_decode.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
