@@ -64,6 +64,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--draft-model", default=None, help="default: the target itself")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--lookup-min", type=int, default=None, help="prompt_lookup_min for the n-gram runs")
+    ap.add_argument("--only", default=None, help="comma-separated subset of configs, e.g. 'off,ngram k=3'")
     args = ap.parse_args()
     console = Console(width=150)
     target = str(resolve_model())
@@ -75,6 +77,12 @@ def main() -> None:
         "draft k=3": {"method": "draft", "model": draft, "num_speculative_tokens": 3},
         "draft k=5": {"method": "draft", "model": draft, "num_speculative_tokens": 5},
     }
+    if args.lookup_min:
+        for spec in configs.values():
+            if spec and spec["method"] == "ngram":
+                spec["prompt_lookup_min"] = args.lookup_min
+    if args.only:
+        configs = {k: v for k, v in configs.items() if k in args.only.split(",")}
     results: dict[str, dict] = {}
     reference: dict[tuple[str, int], list[list[int]]] = {}
     for name, spec in configs.items():
@@ -116,6 +124,8 @@ def main() -> None:
     for workload in workloads():
         for batch in (1, 4):
             for name in configs:
+                if f"{name}|{workload}|{batch}" not in results:
+                    continue
                 r = results[f"{name}|{workload}|{batch}"]
                 table.add_row(
                     workload,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from llmopt.models import load_tokenizer, resolve_model
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[RequestOutput], None]
+MAX_SPEC_BACKOFF = 16  # steps without proposals after repeated rejections
+SPEC_PROBE_INTERVAL = 4  # steps between proposals while fewer than one token per proposal is accepted
 
 
 @dataclass
@@ -202,6 +205,7 @@ class LLMEngine:
                     seq_logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
                 )
                 self.spec_stats.record(len(seq.spec_token_ids), accepted)
+                self._adapt_speculation(seq, accepted)
                 # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
                 seq.num_computed_tokens += 1 + accepted
                 seq.spec_token_ids, seq.spec_draft_probs = [], None
@@ -220,9 +224,17 @@ class LLMEngine:
         k = self.speculative_config.num_speculative_tokens
         ready, ks = [], []
         for seq in self.scheduler.running:
+            if seq.spec_skip > 0:
+                seq.spec_skip -= 1
+                continue
             if seq.num_computed_tokens == len(seq) - 1:
+                # Propose about one more token than this sequence has recently been accepting.
+                recent = k if seq.spec_accepted_ema is None else math.ceil(seq.spec_accepted_ema) + 1
                 room = min(
-                    k, seq.params.max_tokens - seq.num_output_tokens - 1, self.max_model_len - len(seq) - 1
+                    k,
+                    recent,
+                    seq.params.max_tokens - seq.num_output_tokens - 1,
+                    self.max_model_len - len(seq) - 1,
                 )
                 if room > 0:
                     ready.append(seq)
@@ -230,6 +242,17 @@ class LLMEngine:
         if ready:
             for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
                 seq.spec_token_ids, seq.spec_draft_probs = proposal.tokens, proposal.draft_probs
+
+    @staticmethod
+    def _adapt_speculation(seq: Sequence, accepted: int) -> None:
+        """Verifying k proposals costs k more rows in every layer's GEMMs (on this CPU about as much
+        as the tokens it may save), so a sequence whose proposals keep failing proposes less: after a
+        step with nothing accepted it pauses (1, 2, 4 ... steps), and while it accepts fewer than one
+        token per proposal on average it only probes every few steps. Greedy outputs are unchanged."""
+        ema = seq.spec_accepted_ema
+        seq.spec_accepted_ema = accepted if ema is None else 0.7 * ema + 0.3 * accepted
+        seq.spec_backoff = 0 if accepted else min(2 * seq.spec_backoff or 1, MAX_SPEC_BACKOFF)
+        seq.spec_skip = max(seq.spec_backoff, SPEC_PROBE_INTERVAL if seq.spec_accepted_ema < 1 else 0)
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
         """Hand out the tokens a step appended, stopping at the first one that finishes the request."""

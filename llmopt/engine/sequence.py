@@ -31,6 +31,11 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.spec_token_ids: list[int] = []  # proposed tokens this step verifies (speculative decoding)
         self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled
+        # After a proposal with nothing accepted, skip proposing for a while (doubling, up to a cap):
+        # verification costs compute, and free text rarely repeats itself for long.
+        self.spec_backoff = 0
+        self.spec_skip = 0
+        self.spec_accepted_ema: float | None = None  # recent accepted tokens per proposal
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_preemptions = 0
         self.finish_reason: str | None = None  # "stop", "length" or "abort"

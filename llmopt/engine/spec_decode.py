@@ -31,7 +31,7 @@ METHODS = ("ngram", "draft")
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int = 1
+    prompt_lookup_min: int = 2  # single-token matches are mostly noise in free text
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft model: any model llmopt loads
 

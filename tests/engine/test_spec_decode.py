@@ -29,15 +29,12 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, temperature=0)
 
 
-@pytest.fixture(scope="module")
-def tiny_draft(model_dir, tmp_path_factory):
-    """A real, loadable 2-layer Llama with the target's vocabulary and random weights: its proposals are
-    mostly rejected, which exercises the rejection path."""
+def save_tiny_llama(folder, model_dir, vocab_size: int) -> None:
+    """A real, loadable 2-layer Llama with random weights and the target's tokenizer files."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    folder = tmp_path_factory.mktemp("tiny-draft")
     config = LlamaConfig(
-        vocab_size=49152,
+        vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
@@ -49,6 +46,13 @@ def tiny_draft(model_dir, tmp_path_factory):
     LlamaForCausalLM(config).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(model_dir / name, folder / name)
+
+
+@pytest.fixture(scope="module")
+def tiny_draft(model_dir, tmp_path_factory):
+    """The target's vocabulary, random weights: its proposals are mostly rejected."""
+    folder = tmp_path_factory.mktemp("tiny-draft")
+    save_tiny_llama(folder, model_dir, vocab_size=49152)
     return folder
 
 
@@ -135,19 +139,7 @@ def test_bad_configs_fail_with_one_clear_error(config, message):
 
 
 def test_a_draft_with_another_vocabulary_is_refused(model_dir, tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=1000,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-    )
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model_dir / name, tmp_path / name)
+    save_tiny_llama(tmp_path, model_dir, vocab_size=1000)
     spec = json.dumps({"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(model_dir), num_kv_blocks=32, speculative_config=spec)
