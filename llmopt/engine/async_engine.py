@@ -43,6 +43,10 @@ class EngineLoop:
         self.engine.abort_request(request_id)
         self._wakeup.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop stepping; every unfinished request gets its final output with finish_reason 'abort'."""
         self._stopping = True

@@ -177,6 +177,7 @@ class LLMEngine:
         return outputs
 
     # ---- the step ----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         """Run one batched forward; return the outputs it produced (each also goes to its callback)."""
         outputs = self._drain_queues()

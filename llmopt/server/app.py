@@ -177,6 +177,14 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
             ],
         }
 
+    def aborted_error() -> APIError:
+        """Why the engine ended a request early: a shutdown, or (a bug) a failed engine step."""
+        if engine_loop.stopping:
+            return APIError(503, "the server is shutting down; the request was not completed", "server_error")
+        return APIError(
+            500, "the engine failed while serving this request; see the server log", "server_error"
+        )
+
     def check_common(req: SamplingRequest) -> None:
         if req.model is not None and req.model != settings.served_model_name:
             raise APIError(
@@ -248,9 +256,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
             texts[index] += out.new_text
             if out.finished:
                 if out.finish_reason == "abort":
-                    raise APIError(
-                        503, "the server is shutting down; the request was not completed", "server_error"
-                    )
+                    raise aborted_error()
                 finish[index] = out.finish_reason
                 completion_tokens += out.output_tokens
                 if index % group.n_per_prompt == 0:  # a prompt shared by n choices counts once
@@ -313,11 +319,8 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
         prompt_tokens = completion_tokens = cached_tokens = 0
         async for index, out in group.outputs():
             if out.finished and out.finish_reason == "abort":
-                error = {
-                    "message": "the server is shutting down; the request was not completed",
-                    "type": "server_error",
-                }
-                yield f"data: {json.dumps({'error': error})}\n\n"
+                error = aborted_error()
+                yield f"data: {json.dumps({'error': {'message': error.message, 'type': error.type}})}\n\n"
                 yield "data: [DONE]\n\n"
                 return
             if out.new_text or out.finished:

@@ -183,3 +183,14 @@ def test_request_longer_than_the_context_is_refused(llm):
         llm.engine.add_request([1] * 10, greedy(llm.engine.max_model_len))
     with pytest.raises(ValueError, match="empty"):
         llm.engine.add_request("", greedy(4))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_holds_back_eos(llm, temperature):
+    prompt = llm.chat_prompt("Say hi.")
+    [free] = llm.generate([prompt], SamplingParams(max_tokens=40, temperature=temperature, seed=2))
+    assert free.finish_reason == "stop" and len(free.token_ids) < 30  # the model stops early on its own
+    [held] = llm.generate(
+        [prompt], SamplingParams(max_tokens=40, min_tokens=30, temperature=temperature, seed=3)
+    )
+    assert len(held.token_ids) >= 30
