@@ -33,6 +33,7 @@ class LocalServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
+        self._temporary_log = log_path is None  # removed on stop; a caller's log is kept
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llmopt-server-", suffix=".log")[1])
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(command(self.port), stdout=self._log, stderr=subprocess.STDOUT)
@@ -41,17 +42,16 @@ class LocalServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the server exited with status {self.proc.returncode}:\n{self.log_tail()}"
-                )
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"the server exited with status {self.proc.returncode}:\n{tail}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return self
             time.sleep(0.2)
+        tail = self.log_tail()
         self.stop()
-        raise RuntimeError(
-            f"the server did not answer /health within {self.ready_timeout_s:.0f} s:\n{self.log_tail()}"
-        )
+        raise RuntimeError(f"the server did not answer /health within {self.ready_timeout_s:.0f} s:\n{tail}")
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -65,6 +65,8 @@ class LocalServer:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+        if self._temporary_log:
+            self.log_path.unlink(missing_ok=True)
         return self.proc.returncode
 
     def __enter__(self) -> LocalServer:
