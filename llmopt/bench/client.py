@@ -40,8 +40,8 @@ class RequestRecord:
     error: str | None = None
     success: bool = False
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
+    def to_json(self, **extra) -> str:
+        return json.dumps({**asdict(self), **extra})
 
 
 @dataclass

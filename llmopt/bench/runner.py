@@ -58,11 +58,12 @@ async def run_point(
     requests: list[BenchRequest],
     point: LoadPoint,
     records_out: IO[str] | None = None,
+    point_key: str | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     count_tokens: Callable[[str], int] | None = None,
 ) -> PointResult:
-    """Drive one load point. Each finished record is written to `records_out` at once (one JSON line),
-    so an interrupted run keeps everything that finished."""
+    """Drive one load point. Each finished record is written to `records_out` at once (one JSON line,
+    tagged with `point_key`), so an interrupted run keeps everything that finished."""
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     # Idle keep-alive connections are dropped before servers drop them (llama.cpp's after 5 s).
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
@@ -81,7 +82,7 @@ async def run_point(
             nonlocal failed
             records.append(record)
             if records_out is not None:
-                records_out.write(record.to_json() + "\n")
+                records_out.write(record.to_json(point=point_key) + "\n")
                 records_out.flush()
             if on_record is not None:
                 on_record(record)

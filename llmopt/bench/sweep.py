@@ -344,10 +344,11 @@ def run_sweep(
                             config, tokenizer, prompt_len, output_len, point_seed + 1, point.warmup
                         )
                     progress = on_point_start(key, point) if on_point_start else None
-                    writer = _TaggedWriter(records_out, key)
                     count = (lambda text: wl.count_tokens(tokenizer, text)) if tokenizer is not None else None
                     before = scrape_spec_counters(endpoint) if server is not None else None
-                    result = asyncio.run(run_point(target, requests, point, writer, progress, count))
+                    result = asyncio.run(
+                        run_point(target, requests, point, records_out, key, progress, count)
+                    )
                     summary = summarize(result.records, result.wall_s, slo, config.percentiles)
                     if before is not None:
                         summary["spec"] = spec_delta(before, scrape_spec_counters(endpoint))
@@ -409,19 +410,3 @@ def spec_delta(before: dict[str, float], after: dict[str, float]) -> dict | None
         1 + delta["accepted_tokens"] / delta["drafts"] if delta["drafts"] else None
     )
     return delta
-
-
-class _TaggedWriter:
-    """Writes each record line with the key of its load point."""
-
-    def __init__(self, out, key: str):
-        self.out, self.key = out, key
-
-    def write(self, line: str) -> None:
-        if line.strip():
-            record = json.loads(line)
-            record["point"] = self.key
-            self.out.write(json.dumps(record) + "\n")
-
-    def flush(self) -> None:
-        self.out.flush()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 import matplotlib
 
@@ -169,8 +170,6 @@ def prefix_caching(runs: list[Run]) -> str | None:
 
 def speculative(runs: list[Run]) -> str | None:
     """Speed-up over the same sweep's server without speculation, and acceptance rate, against k."""
-    import json as _json
-
     rows = []  # (method, k, load label, speed-up, acceptance)
     for run in runs:
         base = {
@@ -182,7 +181,7 @@ def speculative(runs: list[Run]) -> str | None:
             spec = (p.get("server_args") or {}).get("speculative-config")
             if not spec:
                 continue
-            spec = _json.loads(spec) if isinstance(spec, str) else spec
+            spec = json.loads(spec) if isinstance(spec, str) else spec
             ref = base.get((p["prompt_len"], p["output_len"], p["load"]))
             acceptance = (p.get("spec") or {}).get("acceptance_rate")
             rows.append(
