@@ -65,10 +65,5 @@ class EngineLoop:
                 engine.step()
             except Exception:  # a bug must not leave clients hanging: end every request, keep serving
                 log.exception("engine step failed; aborting the running requests")
-                self._abort_all()
-        self._abort_all()
-
-    def _abort_all(self) -> None:
-        for request_id in self.engine.unfinished_request_ids():
-            self.engine.abort_request(request_id)
-        self.engine.step_aborts_only()
+                engine.abort_all()
+        engine.abort_all()

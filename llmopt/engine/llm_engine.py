@@ -19,7 +19,7 @@ from llmopt.engine.sampler import ban_stop_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import Scheduler
 from llmopt.engine.sequence import RequestOutput, Sequence
-from llmopt.engine.spec_decode import DraftProposer, SpecStats, SpeculativeConfig, make_proposer, verify
+from llmopt.engine.spec_decode import SpecStats, SpeculativeConfig, make_proposer, verify
 from llmopt.models import load_tokenizer, resolve_model
 
 log = logging.getLogger(__name__)
@@ -145,12 +145,12 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         self._aborts.put(request_id)
 
-    def unfinished_request_ids(self) -> list[str]:
+    def abort_all(self) -> list[RequestOutput]:
+        """End every queued and running request with finish_reason 'abort', without running the model
+        (used when shutting down, or after a failed step)."""
         self._drain_queues_new()
-        return list(self._requests)
-
-    def step_aborts_only(self) -> list[RequestOutput]:
-        """Apply queued requests and aborts without running the model (used when shutting down)."""
+        for request_id in list(self._requests):
+            self.abort_request(request_id)
         return self._drain_queues()
 
     def num_waiting(self) -> int:
@@ -289,7 +289,7 @@ class LLMEngine:
         seq = request.seq
         seq.finish_time = time.perf_counter()
         del self._requests[seq.request_id]
-        if isinstance(self.proposer, DraftProposer):
+        if self.proposer is not None:
             self.proposer.release(seq.request_id)
         self.prompt_tokens_total += seq.num_prompt_tokens
         self.requests_finished += seq.finish_reason != "abort"

@@ -84,6 +84,9 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         return [Proposal(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, ks)]
 
+    def release(self, request_id: str) -> None:
+        """Nothing to free: n-gram lookups keep no per-request state."""
+
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
         context = np.asarray(token_ids)
