@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.corpus import default_text
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
@@ -26,9 +27,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 def corpus_prompts(tokenizer, count: int, length: int, offset: int = 0) -> list[list[int]]:
     """`count` prompts of exactly `length` tokens cut from the Python docs every install ships."""
-    from pydoc_data.topics import topics
-
-    ids = tokenizer.encode("\n".join(topics[k] for k in sorted(topics)))
+    ids = tokenizer.encode(default_text())
     stride = max(length, (len(ids) - length - offset) // count)
     return [ids[offset + i * stride : offset + i * stride + length] for i in range(count)]
 

@@ -5,6 +5,7 @@ it (exactly the fp32 weights llmopt serves). Prints a table, writes results/serv
 
     python -m venv .peer-venv && .peer-venv/bin/pip install xllamacpp     # once
     .venv/bin/python benchmarks/serve_vs_llamacpp.py [--concurrency 1,4,16] [--requests-per-point 2x]
+        [--quantized results/quantized/gptq]   # also serve a 4-bit checkpoint from `llmopt quantize`
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main() -> None:
     )
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--quantized", type=Path, action="append", default=[], help="llmopt checkpoints to add")
     args = ap.parse_args()
     console = Console(width=150)
     if not PEER_PYTHON.exists():
@@ -100,6 +102,13 @@ def main() -> None:
             lambda port: llmopt_serve_command(port, ["--max-num-seqs", str(slots)]),
             "smollm2-135m",
         ),
+        **{
+            f"llmopt {path.name}": (
+                lambda port, path=path: llmopt_serve_command(port, [str(path), "--max-num-seqs", str(slots)]),
+                str(path),  # the served model name defaults to the model argument
+            )
+            for path in args.quantized
+        },
         "llama.cpp F32": (peer(f32), "peer"),
         "llama.cpp Q4_1": (peer(q4), "peer"),
     }
@@ -118,11 +127,13 @@ def main() -> None:
         "TTFT p50 ms",
         "TTFT p99 ms",
         "ITL p50 ms",
-        "llmopt / this",
+        "÷ llama.cpp F32",
+        "÷ llama.cpp Q4_1",
     ):
         table.add_column(col, justify="right")
     for c in concurrencies:
-        ours = results["llmopt fp32"][c]["output_throughput"]
+        f32_tok_s = results["llama.cpp F32"][c]["output_throughput"]
+        q4_tok_s = results["llama.cpp Q4_1"][c]["output_throughput"]
         for label in servers:
             s = results[label][c]
             table.add_row(
@@ -132,7 +143,8 @@ def main() -> None:
                 f"{s['ttft_ms']['median']:.0f}",
                 f"{s['ttft_ms']['p99']:.0f}",
                 f"{s['itl_ms']['median']:.1f}",
-                f"{ours / s['output_throughput']:.2f}x",
+                f"{s['output_throughput'] / f32_tok_s:.2f}x",
+                f"{s['output_throughput'] / q4_tok_s:.2f}x",
             )
     console.print(table)
     RESULTS.mkdir(exist_ok=True)

@@ -8,13 +8,12 @@ import random
 from pathlib import Path
 
 from llmopt.bench.client import BenchRequest
+from llmopt.corpus import default_text
 
 
 def corpus_token_ids(tokenizer) -> list[int]:
-    """Real English text every Python install ships (the pydoc topics), tokenized."""
-    from pydoc_data.topics import topics
-
-    return tokenizer.encode("\n".join(topics[k] for k in sorted(topics)), add_special_tokens=False)
+    """The default corpus (llmopt/corpus.py), tokenized."""
+    return tokenizer.encode(default_text(), add_special_tokens=False)
 
 
 def text_of_length(tokenizer, ids: list[int], length: int) -> str:

@@ -8,6 +8,7 @@ import torch
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.models.llama import AttentionGroup, AttentionMetadata, load_model
+from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
 
@@ -62,6 +63,16 @@ class ModelRunner:
         if not rows:
             return torch.empty(0, self.model.config.vocab_size)
         return self.model.logits(hidden[torch.tensor(rows)])
+
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """fp32 logits [len, vocab] at every position of `token_ids`, in one forward from an empty
+        cache (what perplexity needs). It writes KV blocks 0..n: only for a runner no engine uses."""
+        num_blocks = -(-len(token_ids) // self.block_size)
+        assert num_blocks <= self.num_kv_blocks, "the KV pool is smaller than the text"
+        seq = Sequence("score", token_ids, SamplingParams(), seed=0)
+        seq.block_table = list(range(num_blocks))
+        return self.run(ScheduledBatch([seq], [len(token_ids)]), [len(token_ids)])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, dict[int, int]]:
         bs = self.block_size

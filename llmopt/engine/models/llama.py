@@ -8,6 +8,7 @@ one query each, and prefill chunks), reading keys and values from the paged cach
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
+
+from llmopt.quant.linear import QuantizedLinear, QuantizedWeight, checkpoint_quantization, take_quantized
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,8 +49,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def matmul(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    # Weights are stored transposed ([in, out]): MKL's GEMM on that layout is 2-4x faster than
+def matmul(
+    x: torch.Tensor, weight_t: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    if isinstance(weight_t, QuantizedLinear):
+        return weight_t(x, bias)
+    # Dense weights are stored transposed ([in, out]): MKL's GEMM on that layout is 2-4x faster than
     # F.linear's [out, in] for the skinny batches of decoding (measured at 16 rows on this CPU).
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
 
@@ -213,40 +222,62 @@ def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
 def load_model(model_dir: Path, dtype: torch.dtype) -> LlamaForCausalLM:
     config = AutoConfig.from_pretrained(model_dir)
     weights = read_safetensors(model_dir)
+    qconfig = checkpoint_quantization(model_dir)
 
     def take(name: str) -> torch.Tensor:
         return weights.pop(name).to(dtype)
+
+    def linear(prefix: str, *names: str) -> torch.nn.Parameter | QuantizedLinear:
+        """One (fused) linear layer from the checkpoint's layers `prefix + name`, stored [in, out]."""
+        quantized = [take_quantized(weights, prefix + n, qconfig) for n in names] if qconfig else []
+        if quantized and all(quantized):
+            return QuantizedLinear(QuantizedWeight.cat(quantized), prefix + "+".join(names))
+        # A dense layer, or (rarely) a fusion of dense and quantized parts: run it dense.
+        parts = [
+            q.dequantize().to(dtype) if q is not None else take(prefix + n + ".weight")
+            for q, n in zip(quantized or [None] * len(names), names)
+        ]
+        return torch.nn.Parameter(torch.cat(parts).t().contiguous(), requires_grad=False)
+
+    def set_linear(module: torch.nn.Module, attr: str, value: torch.nn.Parameter | QuantizedLinear) -> None:
+        if isinstance(value, QuantizedLinear):
+            delattr(module, attr)  # a quantized layer replaces the dense parameter declared in __init__
+        setattr(module, attr, value)
 
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model.embed = torch.nn.Parameter(take("model.embed_tokens.weight"), requires_grad=False)
     model.norm = torch.nn.Parameter(take("model.norm.weight"), requires_grad=False)
-    lm_head = weights.pop("lm_head.weight", None)
-    if lm_head is None or getattr(config, "tie_word_embeddings", False):
-        lm_head = model.embed
-    model.lm_head_t = torch.nn.Parameter(lm_head.to(dtype).t().contiguous(), requires_grad=False)
+    tied = getattr(config, "tie_word_embeddings", False) or not any(n.startswith("lm_head.") for n in weights)
+    if not tied:
+        set_linear(model, "lm_head_t", linear("", "lm_head"))
+    else:
+        weights.pop("lm_head.weight", None)
+        model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
 
         def param(*names: str, prefix: str = p) -> torch.nn.Parameter:
             return torch.nn.Parameter(torch.cat([take(prefix + n) for n in names]), requires_grad=False)
 
-        def linear(*names: str, prefix: str = p) -> torch.nn.Parameter:
-            weight = torch.cat([take(prefix + n) for n in names]).t().contiguous()
-            return torch.nn.Parameter(weight, requires_grad=False)
-
-        attn = "self_attn."
-        layer.qkv_weight = linear(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight")
+        set_linear(layer, "qkv_weight", linear(p + "self_attn.", "q_proj", "k_proj", "v_proj"))
         if p + "self_attn.q_proj.bias" in weights:
+            attn = "self_attn."
             layer.qkv_bias = param(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
-        layer.o_weight = linear(attn + "o_proj.weight")
-        layer.gate_up_weight = linear("mlp.gate_proj.weight", "mlp.up_proj.weight")
-        layer.down_weight = linear("mlp.down_proj.weight")
+        set_linear(layer, "o_weight", linear(p + "self_attn.", "o_proj"))
+        set_linear(layer, "gate_up_weight", linear(p + "mlp.", "gate_proj", "up_proj"))
+        set_linear(layer, "down_weight", linear(p + "mlp.", "down_proj"))
         layer.input_norm = param("input_layernorm.weight")
         layer.post_attention_norm = param("post_attention_layernorm.weight")
         if p + "self_attn.q_norm.weight" in weights:
             layer.q_norm = param("self_attn.q_norm.weight")
             layer.k_norm = param("self_attn.k_norm.weight")
+    # Static activation scales of W8A8 checkpoints: the CPU kernels quantize weights only.
+    activation_scales = [n for n in weights if n.endswith((".input_scale", ".input_zero_point"))]
+    for name in activation_scales:
+        del weights[name]
+    if activation_scales:
+        log.warning("activation quantization is ignored on CPU: weights stay int8, activations bf16")
     leftover = [n for n in weights if "rotary_emb" not in n]
     assert not leftover, f"weights the model does not use: {leftover[:5]}"
     return model.eval()
