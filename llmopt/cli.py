@@ -352,8 +352,8 @@ def quantize(
         raise fail(str(exc)) from None
     group = "per channel" if report.group_size is None else f"group {report.group_size}"
     table = Table(
-        title=f"{report.method.upper()} {report.bits}-bit, {group}, {report.calibration_samples} "
-        f"calibration samples, {report.seconds:.1f} s"
+        title=f"{report.method.upper()} {report.bits}-bit, {group}",
+        caption=f"{report.calibration_samples} calibration samples, {report.seconds:.0f} s",
     )
     for column in ("", "before", "after"):
         table.add_column(column, justify="left" if not column else "right")

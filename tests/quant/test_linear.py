@@ -165,7 +165,7 @@ def write_other_format(source: Path, target: Path, fmt: str) -> None:
             "desc_act": False,
         }
         if fmt == "gptq"
-        else {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True, "version": "gemm"}
+        else {"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}
     )
     (target / "config.json").write_text(json.dumps(config))
 
