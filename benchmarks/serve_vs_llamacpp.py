@@ -46,7 +46,10 @@ def measure(
             point = LoadPoint(concurrency=c, num_requests=max(4, per_point * c))
             result = asyncio.run(run_point(target, prompts, point))
             summary = summarize(result.records, result.wall_s)
-            assert summary["failed"] == 0, summary["errors"]
+            if summary["failed"]:  # reported, not fatal: one flaky point should not void the run
+                console.print(
+                    f"  [red]{name} c={c}: {summary['failed']} failed[/red] {summary['errors'][:1]}"
+                )
             rows[c] = summary
             console.print(
                 f"  {name} c={c}: {summary['output_throughput']:.1f} tok/s, "

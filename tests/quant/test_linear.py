@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from llmopt.quant.eval import engine_scorer
 from llmopt.quant.linear import (
     AWQ_ORDER,
+    DEQUANTIZE_FROM_ROWS,
     QuantizedLinear,
     QuantizedWeight,
     take_awq,
@@ -131,6 +132,10 @@ def test_kernels_match_the_dequantized_weight(bits, group_size, kernel, caplog):
     got = layer(x)
     assert got.dtype == torch.float32
     assert (got - expected).norm() / expected.norm() < 0.01
+    # Prefill-sized inputs run fp32 GEMM on the weight rebuilt from the kernel's packed copy.
+    torch.testing.assert_close(layer.dequantized_t(), w.dequantize().t())
+    long_x = torch.randn(DEQUANTIZE_FROM_ROWS, 128)
+    torch.testing.assert_close(layer(long_x), long_x @ w.dequantize().t(), rtol=1e-4, atol=1e-4)
 
 
 def write_other_format(source: Path, target: Path, fmt: str) -> None:
