@@ -151,7 +151,10 @@ def main() -> None:
             )
     console.print(table)
     RESULTS.mkdir(exist_ok=True)
-    out = {"args": vars(args), "results": {k: {str(c): v for c, v in r.items()} for k, r in results.items()}}
+    out = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "results": {k: {str(c): v for c, v in r.items()} for k, r in results.items()},
+    }
     (RESULTS / "serve_vs_llamacpp.json").write_text(json.dumps(out, indent=2))
 
 

@@ -1,11 +1,16 @@
-"""Session-wide fixtures: one engine on the real default model, its transformers reference, and one live
-`llmopt serve` on 127.0.0.1 (started once, stopped by pid)."""
+"""Session-wide fixtures: one engine on the real default model, its transformers reference, one live
+`llmopt serve` on 127.0.0.1 (started once, stopped by pid), and quantized copies of the default model
+(INT8 through the CLI, as a user runs it; GPTQ and AWQ through the job function with a small
+calibration set), each made once, on first use."""
 
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +19,7 @@ import torch
 from llmopt.bench.launcher import LocalServer, llmopt_serve_command
 from llmopt.engine.llm import LLM
 from llmopt.models import resolve_model
+from llmopt.quant.quantize import QuantizeConfig, quantize
 
 PROMPTS = [
     "The capital of France is",
@@ -64,6 +70,13 @@ def hf_greedy(model_dir, llm):
     return run
 
 
+def llmopt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The CLI as a user runs it: a subprocess, real output, real exit codes."""
+    return subprocess.run(
+        [sys.executable, "-m", "llmopt.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 API_KEY = "test-key"
 
 
@@ -112,3 +125,36 @@ def async_client(server):
     from openai import AsyncOpenAI
 
     return AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def int8_run(tmp_path_factory, model_dir) -> tuple[Path, subprocess.CompletedProcess]:
+    out = tmp_path_factory.mktemp("int8") / "ckpt"
+    args = ("quantize", "--method", "int8", "--out", str(out), "--calib-samples", "8", "--eval-windows", "1")
+    result = llmopt(*args, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out, result
+
+
+@pytest.fixture(scope="session")
+def int8_dir(int8_run) -> Path:
+    return int8_run[0]
+
+
+def quantized(tmp_path_factory, method: str, samples: int, seq_len: int) -> Path:
+    out = tmp_path_factory.mktemp(method) / "ckpt"
+    config = QuantizeConfig(
+        model=None, out=out, method=method, calib_samples=samples, seq_len=seq_len, eval_windows=1
+    )
+    quantize(config)
+    return out
+
+
+@pytest.fixture(scope="session")
+def gptq_dir(tmp_path_factory, model_dir) -> Path:
+    return quantized(tmp_path_factory, "gptq", samples=16, seq_len=128)
+
+
+@pytest.fixture(scope="session")
+def awq_dir(tmp_path_factory, model_dir) -> Path:
+    return quantized(tmp_path_factory, "awq", samples=2, seq_len=64)

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-
-def llmopt(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "llmopt.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+from tests.conftest import llmopt
 
 
 def test_generate_prints_the_answer_and_speed(model_dir):

@@ -209,3 +209,16 @@ def test_sampled_outputs_agree_with_and_without_speculation(model_dir):
     support = np.union1d(base, spec)
     tv = 0.5 * sum(abs((base == t).mean() - (spec == t).mean()) for t in support)
     assert tv < 0.12, tv
+
+
+def test_an_int4_copy_of_the_target_as_draft_equals_transformers(model_dir, hf_greedy, gptq_dir):
+    """A good but imperfect draft: in one draft batch, sequences that accepted everything (their draft
+    has two tokens to catch up) run beside ones that had a rejection (one token)."""
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(gptq_dir), "num_speculative_tokens": 3},
+    )
+    check_equal(llm, hf_greedy, REPETITIVE[:2] + PROMPTS[:4], 24)
+    stats = llm.engine.stats()
+    assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens

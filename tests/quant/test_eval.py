@@ -10,8 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llmopt.quant.data import eval_windows, split_tokens
 from llmopt.quant.eval import engine_scorer, perplexity
-from tests.conftest import PROMPTS
-from tests.test_cli import llmopt
+from tests.conftest import PROMPTS, llmopt
 
 
 def test_engine_perplexity_equals_transformers_own_loss(model_dir, llm):

@@ -193,3 +193,29 @@ def test_unsupported_quantization_method_is_a_clear_error(model_dir, tmp_path):
     (target / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="quantization method 'fp8' is not supported"):
         LLM(str(target))
+
+
+def test_w8a8_checkpoints_serve_with_int8_weights(tmp_path, model_dir, int8_dir, caplog):
+    """llm-compressor's W8A8 (int8 weights in the `int-quantized` format, dynamic per-token int8
+    activations): the engine runs the int8 weights with bf16 activations and says so."""
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM
+
+    from llmopt.engine.models.llama import load_model
+    from llmopt.quant.eval import perplexity
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"]))
+    out = tmp_path / "w8a8"
+    model.save_pretrained(out, save_compressed=True)
+    shutil.copy(model_dir / "tokenizer.json", out)
+    shutil.copy(model_dir / "tokenizer_config.json", out)
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "int-quantized"
+    with caplog.at_level(logging.WARNING):
+        engine_model = load_model(out, torch.float32)
+    assert "activation quantization is ignored" in caplog.text
+    assert {layer.qkv_weight.kernel for layer in engine_model.layers} == {"int8"}
+    w8a8 = perplexity(str(out), seq_len=256, num_windows=2)
+    w8a16 = perplexity(str(int8_dir), seq_len=256, num_windows=2)
+    assert abs(w8a8.perplexity / w8a16.perplexity - 1) < 0.01

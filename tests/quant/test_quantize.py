@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig, quantize
-from tests.test_cli import llmopt
+from tests.conftest import llmopt
 
 
 def staging_leftovers(parent: Path) -> list[Path]:

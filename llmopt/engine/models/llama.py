@@ -276,8 +276,11 @@ def load_model(model_dir: Path, dtype: torch.dtype) -> LlamaForCausalLM:
     activation_scales = [n for n in weights if n.endswith((".input_scale", ".input_zero_point"))]
     for name in activation_scales:
         del weights[name]
-    if activation_scales:
-        log.warning("activation quantization is ignored on CPU: weights stay int8, activations bf16")
+    groups = (qconfig or {}).get("config_groups", {}).values()
+    if activation_scales or any(group.get("input_activations") for group in groups):
+        log.warning(
+            "activation quantization is ignored on CPU: weights stay quantized, activations run in bf16"
+        )
     leftover = [n for n in weights if "rotary_emb" not in n]
     assert not leftover, f"weights the model does not use: {leftover[:5]}"
     return model.eval()
