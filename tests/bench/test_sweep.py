@@ -94,7 +94,15 @@ def test_interrupt_keeps_records_and_resume_finishes(server, tmp_path):
         "r",
     ]
     run = tmp_path / "r"
-    proc = subprocess.Popen(bench_cmd(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C reaches the bench as in a terminal even when the suite runs as a background job (whose
+    # shell starts it with SIGINT ignored, a disposition children inherit and Python then keeps).
+    proc = subprocess.Popen(
+        bench_cmd(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 300
     while not (run / "summary.json").is_file() and time.monotonic() < deadline:
         time.sleep(0.1)
