@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from llmopt.bench.client import BenchRequest
-from llmopt.corpus import default_text
+from llmopt.corpus import default_text, jsonl_records
 
 
 def corpus_token_ids(tokenizer) -> list[int]:
@@ -116,13 +116,7 @@ def file_prompts(
                 )
             )
     else:
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc.msg})") from None
+        for n, item in jsonl_records(path, text):
             if not isinstance(item, dict) or not ({"prompt", "messages"} & set(item)):
                 raise ValueError(f'{path}:{n}: each line needs "prompt" or "messages"')
             messages = item.get("messages")

@@ -3,11 +3,10 @@ once and split in two so that no evaluation token was seen during calibration.""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt.corpus import default_text
+from llmopt.corpus import default_text, jsonl_records
 
 JSONL_TEXT_FIELDS = ("text", "content", "prompt")
 
@@ -22,13 +21,7 @@ def read_text(path: Path | None) -> str:
     if path.suffix != ".jsonl":
         return raw
     texts = []
-    for number, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+    for number, record in jsonl_records(path, raw):
         field = next((f for f in JSONL_TEXT_FIELDS if isinstance(record, dict) and f in record), None)
         if field is None:
             raise ValueError(f"{path}:{number}: no {' / '.join(JSONL_TEXT_FIELDS)} field")
