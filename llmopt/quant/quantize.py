@@ -50,11 +50,13 @@ class QuantizeConfig:
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}: choose {', '.join(METHODS)}")
-        self.bits = self.bits or BITS[self.method][0]
+        if self.bits is None:
+            self.bits = BITS[self.method][0]
         if self.bits not in BITS[self.method]:
             allowed = " or ".join(map(str, BITS[self.method]))
             raise ValueError(f"{self.method} takes --bits {allowed}, not {self.bits}")
-        self.calib_samples = self.calib_samples or CALIBRATION_SAMPLES[self.method]
+        if self.calib_samples is None:
+            self.calib_samples = CALIBRATION_SAMPLES[self.method]
         if self.calib_samples < 1 or self.seq_len < 16:
             raise ValueError("--calib-samples must be at least 1 and --seq-len at least 16")
 

@@ -61,6 +61,7 @@ def test_gptq_and_awq_checkpoints(gptq_dir, awq_dir):
         (("--group-size", "128"), "--group-size 128 must divide every quantized layer's input size"),
         (("--method", "fp8"), "unknown method 'fp8'"),
         (("--method", "awq", "--bits", "8"), "awq takes --bits 4, not 8"),
+        (("--calib-samples", "0"), "--calib-samples must be at least 1"),
         (("--model", "/no/such/model"), "model not found"),
     ],
 )
