@@ -37,6 +37,8 @@ class ModelRunner:
             and config.block_size <= kernels.MAX_BLOCK_SIZE
             and kernels.load()
         )
+        if self.use_kernels:
+            self.model.pack_linears()
         self.num_kv_blocks = config.num_kv_blocks or max(
             1, int(config.kv_cache_memory_gb * 2**30) // bytes_per_block
         )

@@ -44,16 +44,15 @@ def test_batched_greedy_equals_transformers(llm, hf_greedy):
     assert_all_blocks_free(llm.engine)
 
 
-def test_pytorch_attention_fallback_equals_transformers(llm, hf_greedy):
-    """The path used where the compiled kernel cannot be built (and for bf16): gather + SDPA."""
-    runner = llm.engine.runner
-    was = runner.use_kernels
-    runner.use_kernels = False
-    try:
-        ids = [llm.tokenizer.encode(p) for p in PROMPTS[:4]]
-        outputs = llm.generate(ids, greedy(16))
-    finally:
-        runner.use_kernels = was
+def test_pytorch_fallback_equals_transformers(model_dir, hf_greedy, monkeypatch):
+    """The path where the compiled kernels cannot be built (and for bf16): MKL GEMMs on plain [in, out]
+    weights, gather + SDPA attention, PyTorch's element-wise ops."""
+    monkeypatch.setattr("llmopt.engine.model_runner.kernels.load", lambda: False)
+    fallback = LLM(str(model_dir), num_kv_blocks=64)
+    assert not fallback.engine.runner.use_kernels
+    assert fallback.engine.runner.model.layers[0].qkv_weight.dim() == 2
+    ids = [fallback.tokenizer.encode(p) for p in PROMPTS[:4]]
+    outputs = fallback.generate(ids, greedy(16))
     for prompt_ids, out in zip(ids, outputs):
         assert out.token_ids == hf_greedy(tuple(prompt_ids), 16)
 

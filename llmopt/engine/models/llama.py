@@ -20,6 +20,8 @@ from transformers import AutoConfig, PretrainedConfig
 from llmopt.quant.linear import QuantizedLinear, QuantizedWeight, checkpoint_quantization, take_quantized
 
 log = logging.getLogger(__name__)
+PANEL = 32  # output columns per panel of a packed dense weight (kPanel in cpu_kernels.cpp)
+LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
 
 
 @dataclass
@@ -54,9 +56,20 @@ def matmul(
 ) -> torch.Tensor:
     if isinstance(weight_t, QuantizedLinear):
         return weight_t(x, bias)
+    if weight_t.dim() == 3:  # packed in panels for the compiled kernel (see pack_panels)
+        out = torch.ops.llmopt.packed_linear(x, weight_t, weight_t.shape[0] * PANEL)
+        return out if bias is None else out.add_(bias)
     # Dense weights are stored transposed ([in, out]): MKL's GEMM on that layout is 2-4x faster than
     # F.linear's [out, in] for the skinny batches of decoding (measured at 16 rows on this CPU).
     return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
+    """[in, out] -> [out / 32, in, 32]: each group of 32 output columns contiguous, as packed_linear
+    in llmopt/engine/csrc reads them."""
+    k, n = weight_t.shape
+    assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
+    return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
@@ -92,32 +105,39 @@ class DecoderLayer(torch.nn.Module):
 
     def forward(self, hidden: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = rms_norm(hidden, self.input_norm, self.eps, meta.use_kernels)
-        hidden = hidden + self.attention(x, kv_cache, meta)
+        hidden.add_(self.attention(x, kv_cache, meta))
         x = rms_norm(hidden, self.post_attention_norm, self.eps, meta.use_kernels)
-        gate, up = matmul(x, self.gate_up_weight).chunk(2, dim=-1)
-        return hidden + matmul(F.silu(gate) * up, self.down_weight)
+        gate_up = matmul(x, self.gate_up_weight)
+        if meta.use_kernels:
+            act = torch.ops.llmopt.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return hidden.add_(matmul(act, self.down_weight))
 
     def attention(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = matmul(x, self.qkv_weight, self.qkv_bias)
-        qk = qkv[:, : (heads + kv_heads) * dim].view(num_tokens, heads + kv_heads, dim)
-        v = qkv[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim)
         if self.q_norm is not None:
-            qk = torch.cat(
-                (
-                    rms_norm(qk[:, :heads], self.q_norm, self.eps, meta.use_kernels),
-                    rms_norm(qk[:, heads:], self.k_norm, self.eps, meta.use_kernels),
-                ),
-                1,
-            )
-        # Rotary embedding on q and k together: one set of ops for both.
-        qk = qk * meta.cos + rotate_half(qk) * meta.sin
-        q, k = qk[:, :heads], qk[:, heads:]
+            qk = qkv[:, : (heads + kv_heads) * dim].view(num_tokens, heads + kv_heads, dim)
+            q_normed = rms_norm(qk[:, :heads], self.q_norm, self.eps, meta.use_kernels)
+            k_normed = rms_norm(qk[:, heads:], self.k_norm, self.eps, meta.use_kernels)
+            qkv = torch.cat((q_normed.flatten(1), k_normed.flatten(1), qkv[:, (heads + kv_heads) * dim :]), 1)
         # kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+        if meta.use_kernels:  # rotary embedding and the cache writes in one pass
+            q = torch.ops.llmopt.rope_and_cache(
+                qkv, meta.cos, meta.sin, k_cache, v_cache, meta.slot_mapping, heads
+            )
+        else:
+            qk = qkv[:, : (heads + kv_heads) * dim].view(num_tokens, heads + kv_heads, dim)
+            v = qkv[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim)
+            # Rotary embedding on q and k together: one set of ops for both.
+            qk = qk * meta.cos + rotate_half(qk) * meta.sin
+            q, k = qk[:, :heads], qk[:, heads:]
+            k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
+            v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
 
         out = torch.empty_like(q)
         n_dec = meta.num_decode_tokens
@@ -188,6 +208,13 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return matmul(hidden, self.lm_head_t).float()
+
+    def pack_linears(self) -> None:
+        """Re-lay every dense fp32 linear in panels for the compiled kernel; quantized ones keep theirs."""
+        for module in (self, *self.layers):
+            for name, param in list(module.named_parameters(recurse=False)):
+                if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
+                    setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables [max_positions, head_dim], computed in fp32 as transformers does."""

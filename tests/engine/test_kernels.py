@@ -1,0 +1,54 @@
+"""The compiled CPU kernels against the PyTorch ops they replace (the engine tests cover them end to end)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llmopt.engine import kernels
+from llmopt.engine.models.llama import pack_panels, rotate_half
+
+pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 40])
+def test_packed_linear_equals_mm(rows):
+    torch.manual_seed(rows)
+    x, weight_t = torch.randn(rows, 576), torch.randn(576, 960)
+    out = torch.ops.llmopt.packed_linear(x, pack_panels(weight_t), 960)
+    torch.testing.assert_close(out, x @ weight_t, rtol=1e-5, atol=1e-4)
+
+
+def test_packed_linear_with_a_partial_last_panel():
+    x, weight_t = torch.randn(5, 64), torch.randn(64, 50)
+    packed = pack_panels(F.pad(weight_t, (0, 14)))  # columns past 50 are zero
+    out = torch.ops.llmopt.packed_linear(x, packed, 50)
+    assert out.shape == (5, 50)
+    torch.testing.assert_close(out, x @ weight_t, rtol=1e-5, atol=1e-4)
+
+
+def test_silu_mul_matches_torch_over_the_whole_range():
+    gate = torch.linspace(-120, 120, 100_000)
+    up = torch.randn(100_000)
+    out = torch.ops.llmopt.silu_mul(torch.cat((gate, up))[None])
+    torch.testing.assert_close(out[0], F.silu(gate) * up, rtol=1e-6, atol=1e-30)
+
+
+def test_rope_and_cache_matches_the_pytorch_path():
+    tokens, heads, kv_heads, dim, block = 5, 9, 3, 64, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim)
+    cos, sin = torch.randn(tokens, dim), torch.randn(tokens, dim)
+    slots = torch.tensor([3, 17, 18, 40, 2])
+    k_cache, v_cache = torch.zeros(2, 4, block, kv_heads, dim)
+    q = torch.ops.llmopt.rope_and_cache(qkv, cos, sin, k_cache, v_cache, slots, heads)
+
+    qk = qkv[:, : (heads + kv_heads) * dim].view(tokens, heads + kv_heads, dim)
+    qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
+    torch.testing.assert_close(q, qk[:, :heads])
+    torch.testing.assert_close(k_cache.view(-1, kv_heads, dim)[slots], qk[:, heads:])
+    v = qkv[:, (heads + kv_heads) * dim :].view(tokens, kv_heads, dim)
+    assert torch.equal(v_cache.view(-1, kv_heads, dim)[slots], v)
+    untouched = torch.ones(4 * block, dtype=torch.bool)
+    untouched[slots] = False
+    assert not k_cache.view(-1, kv_heads, dim)[untouched].any()
