@@ -14,6 +14,9 @@ from llmopt.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
+# Sequences with at most this many new tokens attend one query row at a time (the decode kernel reads
+# the context once per row); longer chunks attend as a padded prefill group.
+MAX_DECODE_QUERIES = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -78,11 +81,14 @@ class ModelRunner:
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, dict[int, int]]:
         bs = self.block_size
+        # Sequences with a few new tokens (decodes, speculative verifications, short prefill tails) come
+        # first and attend one query row at a time; longer prefill chunks form the padded prefill group.
+        entries = sorted(zip(batch.seqs, batch.num_new_tokens), key=lambda e: e[1] > MAX_DECODE_QUERIES)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         last_rows: dict[int, int] = {}
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+        for seq, n in entries:
             start = seq.num_computed_tokens
             tokens = seq.token_ids + seq.spec_token_ids if seq.spec_token_ids else seq.token_ids
             input_ids.extend(tokens[start : start + n])
@@ -90,22 +96,37 @@ class ModelRunner:
                 positions.append(pos)
                 slots.append(seq.block_table[pos // bs] * bs + pos % bs)
             last_rows[id(seq)] = len(input_ids) - 1
-        num_decode = sum(1 for n in batch.num_new_tokens if n == 1)
+        num_decode_seqs = sum(1 for _, n in entries if n <= MAX_DECODE_QUERIES)
+        decode_seqs, prefill_seqs = entries[:num_decode_seqs], entries[num_decode_seqs:]
         pos_tensor = torch.tensor(positions)
-        decode_seqs = list(zip(batch.seqs[:num_decode], batch.num_new_tokens[:num_decode]))
-        prefill_seqs = list(zip(batch.seqs[num_decode:], batch.num_new_tokens[num_decode:]))
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots),
             cos=self.cos[pos_tensor].unsqueeze(1),
             sin=self.sin[pos_tensor].unsqueeze(1),
-            num_decode_tokens=num_decode,
+            num_decode_tokens=sum(n for _, n in decode_seqs),
             use_kernels=self.use_kernels,
-            decode=self.attention_group(decode_seqs, single_query=True) if decode_seqs else None,
-            prefill=self.attention_group(prefill_seqs, single_query=False) if prefill_seqs else None,
+            decode=self.decode_group(decode_seqs) if decode_seqs else None,
+            prefill=self.prefill_group(prefill_seqs) if prefill_seqs else None,
         )
         return torch.tensor(input_ids), meta, last_rows
 
-    def attention_group(self, seqs: list[tuple[Sequence, int]], single_query: bool) -> AttentionGroup:
+    def decode_group(self, seqs: list[tuple[Sequence, int]]) -> AttentionGroup:
+        """One row per new token: its sequence's block table, and the context up to and including it
+        (the token's own key and value are in the cache by the time attention reads it)."""
+        bs = self.block_size
+        lens = torch.tensor([s.num_computed_tokens + i + 1 for s, n in seqs for i in range(n)])
+        blocks_per_row = -(-int(lens.max()) // bs)
+        block_tables = torch.zeros(len(lens), blocks_per_row, dtype=torch.long)
+        row = 0
+        for s, n in seqs:
+            table = s.block_table[: -(-(s.num_computed_tokens + n) // bs)]
+            block_tables[row : row + n, : len(table)] = torch.tensor(table)
+            row += n
+        key_pos = torch.arange(blocks_per_row * bs)
+        mask = None if self.use_kernels else (key_pos[None, :] < lens[:, None])[:, None, None, :]
+        return AttentionGroup(block_tables, lens, mask, None, None)
+
+    def prefill_group(self, seqs: list[tuple[Sequence, int]]) -> AttentionGroup:
         bs = self.block_size
         context_lens = [s.num_computed_tokens + n for s, n in seqs]
         blocks_per_seq = -(-max(context_lens) // bs)
@@ -115,9 +136,6 @@ class ModelRunner:
             block_tables[i, : len(table)] = torch.tensor(table)
         lens = torch.tensor(context_lens)
         key_pos = torch.arange(blocks_per_seq * bs)
-        if single_query:
-            mask = None if self.use_kernels else (key_pos[None, :] < lens[:, None])[:, None, None, :]
-            return AttentionGroup(block_tables, lens, mask, None, None)
         num_new = torch.tensor([n for _, n in seqs])
         max_q = int(num_new.max())
         q_offset = torch.arange(max_q)[None, :].minimum(num_new[:, None] - 1)  # pad with the last query

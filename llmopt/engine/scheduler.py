@@ -93,9 +93,7 @@ class Scheduler:
             batch.num_new_tokens.append(num_new)
             budget -= num_new
 
-        # Single-token sequences first: the model runner attends to them as one group.
-        order = sorted(range(len(batch)), key=lambda i: batch.num_new_tokens[i] != 1)
-        return ScheduledBatch([batch.seqs[i] for i in order], [batch.num_new_tokens[i] for i in order])
+        return batch
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -143,9 +143,6 @@ class DraftProposer:
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _ in active}
         for step in range(max((ks[i] for i, _ in active), default=0)):
             running = [(i, s) for i, s in active if step < ks[i]]
-            # The runner takes single-token sequences first; a sequence catching up (after a join or
-            # a rejection) has several tokens to compute.
-            running.sort(key=lambda item: len(item[1].token_ids) - item[1].num_computed_tokens > 1)
             batch = ScheduledBatch(
                 [s for _, s in running], [len(s.token_ids) - s.num_computed_tokens for _, s in running]
             )

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from llmopt.engine import kernels
+from llmopt.engine.config import EngineConfig
+from llmopt.engine.model_runner import MAX_DECODE_QUERIES, ModelRunner
 from llmopt.engine.models.llama import pack_panels, rotate_half
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
@@ -52,3 +54,16 @@ def test_rope_and_cache_matches_the_pytorch_path():
     untouched = torch.ones(4 * block, dtype=torch.bool)
     untouched[slots] = False
     assert not k_cache.view(-1, kv_heads, dim)[untouched].any()
+
+
+def test_decode_layers_equal_the_per_layer_path(model_dir):
+    """The one-call path for decode rows runs the same kernels in the same order: identical logits."""
+    runner = ModelRunner(EngineConfig(num_kv_blocks=4), model_dir, max_model_len=64)
+    model = runner.model
+    assert model.decode_weights, "the default model takes the one-call path"
+    token_ids = list(range(100, 100 + MAX_DECODE_QUERIES))  # short enough to be decode rows
+    one_call = runner.prompt_logits(token_ids)
+    weights, model.decode_weights = model.decode_weights, None
+    per_layer = runner.prompt_logits(token_ids)
+    model.decode_weights = weights
+    assert torch.equal(one_call, per_layer)

@@ -304,6 +304,33 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// Every decoder layer of a step whose tokens are all decode rows (one query each, no prefill chunk), in
+// one call: the same kernels as the per-layer path, in the same order, without ~15 Python-level op
+// calls per layer (about 4 ms of a 30 ms batch-1 step here). weights: per layer input_norm, qkv, o,
+// post_attention_norm, gate_up, down (linears panel-packed). kv_cache: [layers, 2, blocks, block, kv, D].
+at::Tensor decode_layers(const at::Tensor& embeddings, std::vector<at::Tensor> weights, double eps,
+                         const at::Tensor& kv_cache, const at::Tensor& cos, const at::Tensor& sin,
+                         const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& context_lens,
+                         int64_t heads) {
+  TORCH_CHECK(weights.size() % 6 == 0 && (int64_t)weights.size() / 6 == kv_cache.size(0), "6 weights a layer");
+  const int64_t tokens = embeddings.size(0), hidden_size = embeddings.size(1), dim = kv_cache.size(-1);
+  const double scale = 1.0 / std::sqrt((double)dim);
+  at::Tensor hidden = embeddings.contiguous().clone();
+  for (int64_t layer = 0; layer < kv_cache.size(0); ++layer) {
+    const at::Tensor* w = weights.data() + 6 * layer;
+    const at::Tensor k_cache = kv_cache[layer][0], v_cache = kv_cache[layer][1];
+    at::Tensor x = rms_norm(hidden, w[0], eps);
+    at::Tensor qkv = packed_linear(x, w[1], w[1].size(0) * kPanel);
+    at::Tensor q = rope_and_cache(qkv, cos, sin, k_cache, v_cache, slots, heads);
+    at::Tensor attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
+    hidden.add_(packed_linear(attn.view({tokens, -1}), w[2], hidden_size));
+    x = rms_norm(hidden, w[3], eps);
+    at::Tensor act = silu_mul(packed_linear(x, w[4], w[4].size(0) * kPanel));
+    hidden.add_(packed_linear(act, w[5], hidden_size));
+  }
+  return hidden;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(llmopt, m) {
@@ -312,4 +339,5 @@ TORCH_LIBRARY(llmopt, m) {
   m.def("packed_linear", &packed_linear);
   m.def("rope_and_cache", &rope_and_cache);
   m.def("silu_mul", &silu_mul);
+  m.def("decode_layers", &decode_layers);
 }

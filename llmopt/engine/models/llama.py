@@ -1,8 +1,9 @@
 """Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
 One batched forward per engine step: the tokens of every scheduled sequence are concatenated into one
-flat batch for the linear layers; attention runs in at most two padded groups (decoding sequences with
-one query each, and prefill chunks), reading keys and values from the paged cache through block tables.
+flat batch for the linear layers; attention runs in at most two groups (query rows that each attend to
+their own context: decodes, speculative verifications and short chunks; and padded prefill chunks),
+reading keys and values from the paged cache through block tables.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t
 
 @dataclass
 class AttentionGroup:
-    """Sequences attended together: queries padded to [B, Q], keys gathered through block tables."""
+    """Queries attended together, keys read through block tables. The decode group has one row per
+    query (B = its tokens, Q = 1); the prefill group one per sequence, queries padded to [B, Q]."""
 
     block_tables: torch.Tensor  # [B, blocks_per_seq] block ids, padded with block 0
-    context_lens: torch.Tensor  # [B] tokens each sequence attends to
+    context_lens: torch.Tensor  # [B] tokens each row attends to
     mask: torch.Tensor | None  # [B, 1, Q, blocks_per_seq * block_size] True where a query may attend
     query_index: torch.Tensor | None  # [B, Q] flat rows of the group's queries (None: one query each)
     valid_index: torch.Tensor | None  # [tokens] positions of real queries in the padded [B * Q] rows
@@ -40,7 +42,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot (block * block_size + offset) of every new token
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor
-    num_decode_tokens: int  # the first rows of the batch are single-query sequences
+    num_decode_tokens: int  # the first rows of the batch attend one query row at a time (decode group)
     use_kernels: bool  # compiled kernels (llmopt/engine/csrc) for decode attention and RMSNorm
     decode: AttentionGroup | None
     prefill: AttentionGroup | None
@@ -70,6 +72,10 @@ def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
     k, n = weight_t.shape
     assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
     return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+
+
+def layer_linears(layer: DecoderLayer) -> tuple[torch.Tensor | QuantizedLinear, ...]:
+    return layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
@@ -196,14 +202,31 @@ class LlamaForCausalLM(torch.nn.Module):
         self.lm_head_t = torch.nn.Parameter(  # [hidden, vocab], transposed like every linear
             torch.empty(config.hidden_size, config.vocab_size), requires_grad=False
         )
+        # Set by pack_linears where every layer is dense and plain: the weights decode_layers takes.
+        self.decode_weights: list[torch.Tensor] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """Return the final hidden states [T, hidden] of the flat batch."""
         hidden = F.embedding(input_ids, self.embed)
-        for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, kv_cache[i], meta)
+        if self.decode_weights and meta.use_kernels and meta.prefill is None:
+            # Decode rows only: all layers in one compiled call (the same kernels, in the same order).
+            hidden = torch.ops.llmopt.decode_layers(
+                hidden,
+                self.decode_weights,
+                self.config.rms_norm_eps,
+                kv_cache,
+                meta.cos,
+                meta.sin,
+                meta.slot_mapping,
+                meta.decode.block_tables,
+                meta.decode.context_lens,
+                self.config.num_attention_heads,
+            )
+        else:
+            for i, layer in enumerate(self.layers):
+                hidden = layer(hidden, kv_cache[i], meta)
         return rms_norm(hidden, self.norm, self.config.rms_norm_eps, meta.use_kernels)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -215,6 +238,25 @@ class LlamaForCausalLM(torch.nn.Module):
             for name, param in list(module.named_parameters(recurse=False)):
                 if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
+        plain = all(
+            layer.qkv_bias is None
+            and layer.q_norm is None
+            and all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in layer_linears(layer))
+            for layer in self.layers
+        )
+        if plain:
+            self.decode_weights = [
+                w
+                for layer in self.layers
+                for w in (
+                    layer.input_norm,
+                    layer.qkv_weight,
+                    layer.o_weight,
+                    layer.post_attention_norm,
+                    layer.gate_up_weight,
+                    layer.down_weight,
+                )
+            ]
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables [max_positions, head_dim], computed in fp32 as transformers does."""
