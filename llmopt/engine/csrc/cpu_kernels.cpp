@@ -149,14 +149,26 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 // bandwidth for the 2-32 row batches of decoding; this reads them at close to full bandwidth.
 constexpr int64_t kPanel = 32;
 constexpr int64_t kPrefetch = 32;  // weight rows (of one panel) ahead: 4 KB, measured best of 0/8/32/64
+// With more than 8 input rows, a panel is taken 64 weight rows (8 KB) at a time and every group of 8
+// input rows works on that block while it is in L1: memory keeps streaming the panel once, front to
+// back, instead of a second group re-reading the whole panel from L2 while nothing streams.
+constexpr int64_t kBlockRows = 64;
 
+// out[0:MR, 0:cols] (+)= x[0:MR, k0:k1] @ w[k0:k1, 0:cols] for one panel w [K, 32]; the partial sums
+// of earlier k-blocks are read back from out, so the order of the additions is that of one pass.
 template <int MR>
-void panel_rows(const float* x, int64_t K, const float* w, float* out, int64_t ldo, int64_t cols) {
+void panel_rows(const float* x, int64_t K, const float* w, int64_t k0, int64_t k1, float* out, int64_t ldo,
+                int64_t cols) {
 #ifdef __AVX512F__
+  const __mmask16 lo = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
+  const __mmask16 hi = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
   __m512 acc[MR][2];
 #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
+  for (int r = 0; r < MR; ++r) {
+    acc[r][0] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(lo, out + r * ldo);
+    acc[r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(hi, out + r * ldo + 16);
+  }
+  for (int64_t k = k0; k < k1; ++k) {
     _mm_prefetch(reinterpret_cast<const char*>(w + (k + kPrefetch) * kPanel), _MM_HINT_T0);
     const __m512 w0 = _mm512_loadu_ps(w + k * kPanel), w1 = _mm512_loadu_ps(w + k * kPanel + 16);
 #pragma GCC unroll 8
@@ -166,8 +178,6 @@ void panel_rows(const float* x, int64_t K, const float* w, float* out, int64_t l
       acc[r][1] = _mm512_fmadd_ps(xr, w1, acc[r][1]);
     }
   }
-  const __mmask16 lo = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
-  const __mmask16 hi = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) {
     _mm512_mask_storeu_ps(out + r * ldo, lo, acc[r][0]);
@@ -175,7 +185,9 @@ void panel_rows(const float* x, int64_t K, const float* w, float* out, int64_t l
   }
 #else
   float acc[MR][kPanel] = {};
-  for (int64_t k = 0; k < K; ++k)
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < cols && k0 > 0; ++c) acc[r][c] = out[r * ldo + c];
+  for (int64_t k = k0; k < k1; ++k)
     for (int r = 0; r < MR; ++r) {
       const float xr = x[r * K + k];
 #pragma omp simd
@@ -186,7 +198,7 @@ void panel_rows(const float* x, int64_t K, const float* w, float* out, int64_t l
 #endif
 }
 
-using PanelFn = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t);
+using PanelFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t);
 constexpr PanelFn kPanelRows[] = {nullptr,         panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
                                   panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
 
@@ -197,6 +209,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.size(0) == (n + kPanel - 1) / kPanel && w.is_contiguous(), "w: [ceil(n / 32), K, 32]");
   auto input = x.contiguous();
   const int64_t M = input.size(0), K = input.size(1), panels = w.size(0);
+  const int64_t block = M > 8 ? kBlockRows : K;
   auto out = at::empty({M, n}, input.options());
   const float* xp = input.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
@@ -205,9 +218,11 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n) {
     for (int64_t p = begin; p < end; ++p) {
       const float* panel = wp + p * K * kPanel;
       const int64_t cols = std::min(kPanel, n - p * kPanel);
-      for (int64_t m = 0; m < M; m += 8) {
-        const int64_t rows = std::min<int64_t>(8, M - m);
-        kPanelRows[rows](xp + m * K, K, panel, op + m * n + p * kPanel, n, cols);
+      for (int64_t k0 = 0; k0 < K; k0 += block) {
+        for (int64_t m = 0; m < M; m += 8) {
+          const int64_t rows = std::min<int64_t>(8, M - m);
+          kPanelRows[rows](xp + m * K, K, panel, k0, std::min(K, k0 + block), op + m * n + p * kPanel, n, cols);
+        }
       }
     }
   });
