@@ -152,10 +152,11 @@ def main() -> None:
     console.print(table)
     RESULTS.mkdir(exist_ok=True)
     out = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": vars(args),
         "results": {k: {str(c): v for c, v in r.items()} for k, r in results.items()},
     }
-    (RESULTS / "serve_vs_llamacpp.json").write_text(json.dumps(out, indent=2))
+    # default=str: --quantized gives a list of Paths
+    (RESULTS / "serve_vs_llamacpp.json").write_text(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

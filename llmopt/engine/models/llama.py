@@ -43,7 +43,7 @@ class AttentionMetadata:
     cos: torch.Tensor  # [T, 1, head_dim]
     sin: torch.Tensor
     num_decode_tokens: int  # the first rows of the batch attend one query row at a time (decode group)
-    use_kernels: bool  # compiled kernels (llmopt/engine/csrc) for decode attention and RMSNorm
+    use_kernels: bool  # compiled kernels (llmopt/engine/csrc) for attention and element-wise steps
     decode: AttentionGroup | None
     prefill: AttentionGroup | None
 
@@ -72,10 +72,6 @@ def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
     k, n = weight_t.shape
     assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
     return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
-
-
-def layer_linears(layer: DecoderLayer) -> tuple[torch.Tensor | QuantizedLinear, ...]:
-    return layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
@@ -241,10 +237,13 @@ class LlamaForCausalLM(torch.nn.Module):
         plain = all(
             layer.qkv_bias is None
             and layer.q_norm is None
-            and all(isinstance(w, torch.Tensor) and w.dim() == 3 for w in layer_linears(layer))
+            and all(
+                isinstance(w, torch.Tensor) and w.dim() == 3
+                for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+            )
             for layer in self.layers
         )
-        if plain:
+        if plain:  # the order decode_layers reads them in, six a layer
             self.decode_weights = [
                 w
                 for layer in self.layers
