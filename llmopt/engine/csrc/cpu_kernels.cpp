@@ -68,6 +68,17 @@ void decode_heads(const float* q, const float* k_cache, const float* v_cache, co
     const int64_t block = block_table[start / block_size];
     const float* k = k_cache + (block * block_size * kv_heads + kv_head) * D;
     const float* v = v_cache + (block * block_size * kv_heads + kv_head) * D;
+    if (start + block_size < context_len) {
+      // Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
+      // ask for this head's rows of it while this block is computed.
+      const int64_t next = (block_table[start / block_size + 1] * block_size * kv_heads + kv_head) * D;
+      const int64_t rows = std::min(block_size, context_len - start - block_size);
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t d = 0; d < D; d += 16) {
+          __builtin_prefetch(k_cache + next + t * row + d);
+          __builtin_prefetch(v_cache + next + t * row + d);
+        }
+    }
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * D;
       float block_max = -std::numeric_limits<float>::infinity();
