@@ -100,6 +100,15 @@ class QuantizedLinear(torch.nn.Module):
                 "" if symmetric else " and zero points",
             )
 
+    def kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(packed weight, bf16 scales) as the engine's compiled decode_layers takes them; None for a
+        layer that runs dequantized."""
+        if self.kernel == "int8":
+            return self.packed, self.scale_bf16
+        if self.kernel == "int4":
+            return self.packed, self.scales_and_zeros
+        return None
+
     def dequantized_t(self) -> torch.Tensor:
         """The fp32 weight [in, out], rebuilt from the kernel's own packed copy (no second copy kept)."""
         if self.kernel == "int8":

@@ -56,11 +56,13 @@ def test_rope_and_cache_matches_the_pytorch_path():
     assert not k_cache.view(-1, kv_heads, dim)[untouched].any()
 
 
-def test_decode_layers_equal_the_per_layer_path(model_dir):
-    """The one-call path for decode rows runs the same kernels in the same order: identical logits."""
-    runner = ModelRunner(EngineConfig(num_kv_blocks=4), model_dir, max_model_len=64)
+@pytest.mark.parametrize("checkpoint", ["model_dir", "int8_dir", "gptq_dir"])
+def test_decode_layers_equal_the_per_layer_path(checkpoint, request):
+    """The one-call path for decode rows runs the same kernels in the same order: identical logits, for
+    fp32 weights and for int8 / int4 ones."""
+    runner = ModelRunner(EngineConfig(num_kv_blocks=4), request.getfixturevalue(checkpoint), max_model_len=64)
     model = runner.model
-    assert model.decode_weights, "the default model takes the one-call path"
+    assert model.decode_weights, "every layer has a compiled kernel: the one-call path is taken"
     token_ids = list(range(100, 100 + MAX_DECODE_QUERIES))  # short enough to be decode rows
     one_call = runner.prompt_logits(token_ids)
     weights, model.decode_weights = model.decode_weights, None

@@ -330,29 +330,39 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// One linear layer of decode_layers: a panel-packed fp32 weight (no scales), or the int8 / int4 weights
+// of llmopt/quant/linear.py with their bf16 scales, activations cast to bf16 around the call as
+// QuantizedLinear does.
+at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  if (w.scalar_type() == at::kFloat) return packed_linear(x, w, w.size(0) * kPanel);
+  const at::Tensor x16 = x.to(at::kBFloat16);
+  if (w.scalar_type() == at::kChar) return at::_weight_int8pack_mm(x16, w, scales).to(at::kFloat);
+  TORCH_CHECK(w.scalar_type() == at::kByte && scales.dim() == 3, "int4 weights with [groups, out, 2] scales");
+  return at::_weight_int4pack_mm_for_cpu(x16, w, x.size(1) / scales.size(0), scales).to(at::kFloat);
+}
+
 // Every decoder layer of a step whose tokens are all decode rows (one query each, no prefill chunk), in
 // one call: the same kernels as the per-layer path, in the same order, without ~15 Python-level op
-// calls per layer (about 4 ms of a 30 ms batch-1 step here). weights: per layer input_norm, qkv, o,
-// post_attention_norm, gate_up, down (linears panel-packed). kv_cache: [layers, 2, blocks, block, kv, D].
+// calls per layer (about 4 ms of a 30 ms batch-1 step here). weights, per layer: input_norm, qkv, qkv
+// scales, o, o scales, post_attention_norm, gate_up, gate_up scales, down, down scales (see any_linear).
+// kv_cache: [layers, 2, blocks, block, kv_heads, D].
 at::Tensor decode_layers(const at::Tensor& embeddings, std::vector<at::Tensor> weights, double eps,
                          const at::Tensor& kv_cache, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& context_lens,
                          int64_t heads) {
-  TORCH_CHECK(weights.size() % 6 == 0 && (int64_t)weights.size() / 6 == kv_cache.size(0), "6 weights a layer");
-  const int64_t tokens = embeddings.size(0), hidden_size = embeddings.size(1), dim = kv_cache.size(-1);
+  TORCH_CHECK(weights.size() % 10 == 0 && (int64_t)weights.size() / 10 == kv_cache.size(0), "10 a layer");
+  const int64_t tokens = embeddings.size(0), dim = kv_cache.size(-1);
   const double scale = 1.0 / std::sqrt((double)dim);
   at::Tensor hidden = embeddings.contiguous().clone();
   for (int64_t layer = 0; layer < kv_cache.size(0); ++layer) {
-    const at::Tensor* w = weights.data() + 6 * layer;
+    const at::Tensor* w = weights.data() + 10 * layer;
     const at::Tensor k_cache = kv_cache[layer][0], v_cache = kv_cache[layer][1];
     at::Tensor x = rms_norm(hidden, w[0], eps);
-    at::Tensor qkv = packed_linear(x, w[1], w[1].size(0) * kPanel);
-    at::Tensor q = rope_and_cache(qkv, cos, sin, k_cache, v_cache, slots, heads);
+    at::Tensor q = rope_and_cache(any_linear(x, w[1], w[2]), cos, sin, k_cache, v_cache, slots, heads);
     at::Tensor attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
-    hidden.add_(packed_linear(attn.view({tokens, -1}), w[2], hidden_size));
-    x = rms_norm(hidden, w[3], eps);
-    at::Tensor act = silu_mul(packed_linear(x, w[4], w[4].size(0) * kPanel));
-    hidden.add_(packed_linear(act, w[5], hidden_size));
+    hidden.add_(any_linear(attn.view({tokens, -1}), w[3], w[4]));
+    x = rms_norm(hidden, w[5], eps);
+    hidden.add_(any_linear(silu_mul(any_linear(x, w[6], w[7])), w[8], w[9]));
   }
   return hidden;
 }

@@ -18,11 +18,18 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from llmopt.quant.linear import QuantizedLinear, QuantizedWeight, checkpoint_quantization, take_quantized
+from llmopt.quant.linear import (
+    DEQUANTIZE_FROM_ROWS,
+    QuantizedLinear,
+    QuantizedWeight,
+    checkpoint_quantization,
+    take_quantized,
+)
 
 log = logging.getLogger(__name__)
 PANEL = 32  # output columns per panel of a packed dense weight (kPanel in cpu_kernels.cpp)
 LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
+NO_SCALES = torch.empty(0)  # the scales slot of a dense weight in decode_layers
 
 
 @dataclass
@@ -72,6 +79,17 @@ def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
     k, n = weight_t.shape
     assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
     return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+
+
+def layer_linears(layer: DecoderLayer) -> tuple[torch.Tensor | QuantizedLinear, ...]:
+    return layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight
+
+
+def kernel_weights(weight: torch.Tensor | QuantizedLinear) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(weight, scales) of a linear as decode_layers takes it; None where it has no compiled kernel."""
+    if isinstance(weight, QuantizedLinear):
+        return weight.kernel_weights()
+    return (weight, NO_SCALES) if weight.dim() == 3 else None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
@@ -198,15 +216,18 @@ class LlamaForCausalLM(torch.nn.Module):
         self.lm_head_t = torch.nn.Parameter(  # [hidden, vocab], transposed like every linear
             torch.empty(config.hidden_size, config.vocab_size), requires_grad=False
         )
-        # Set by pack_linears where every layer is dense and plain: the weights decode_layers takes.
+        # Set by pack_linears where every layer's linears have a compiled kernel: what decode_layers takes,
+        # and the most rows it runs (quantized layers dequantize for large batches, in Python).
         self.decode_weights: list[torch.Tensor] | None = None
+        self.decode_max_rows = 0
 
     def forward(
         self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """Return the final hidden states [T, hidden] of the flat batch."""
         hidden = F.embedding(input_ids, self.embed)
-        if self.decode_weights and meta.use_kernels and meta.prefill is None:
+        one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
+        if self.decode_weights and one_call:
             # Decode rows only: all layers in one compiled call (the same kernels, in the same order).
             hidden = torch.ops.llmopt.decode_layers(
                 hidden,
@@ -234,27 +255,17 @@ class LlamaForCausalLM(torch.nn.Module):
             for name, param in list(module.named_parameters(recurse=False)):
                 if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
-        plain = all(
-            layer.qkv_bias is None
-            and layer.q_norm is None
-            and all(
-                isinstance(w, torch.Tensor) and w.dim() == 3
-                for w in (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+        linears = [[kernel_weights(w) for w in layer_linears(layer)] for layer in self.layers]
+        plain = all(layer.qkv_bias is None and layer.q_norm is None for layer in self.layers)
+        if plain and all(w is not None for ws in linears for w in ws):
+            quantized = any(
+                isinstance(w, QuantizedLinear) for layer in self.layers for w in layer_linears(layer)
             )
-            for layer in self.layers
-        )
-        if plain:  # the order decode_layers reads them in, six a layer
-            self.decode_weights = [
-                w
-                for layer in self.layers
-                for w in (
-                    layer.input_norm,
-                    layer.qkv_weight,
-                    layer.o_weight,
-                    layer.post_attention_norm,
-                    layer.gate_up_weight,
-                    layer.down_weight,
-                )
+            self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else 2**31
+            self.decode_weights = [  # the order decode_layers reads them in, ten a layer
+                t
+                for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
+                for t in (layer.input_norm, *qkv, *o, layer.post_attention_norm, *gate_up, *down)
             ]
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
