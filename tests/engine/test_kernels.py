@@ -69,3 +69,10 @@ def test_decode_layers_equal_the_per_layer_path(checkpoint, request):
     per_layer = runner.prompt_logits(token_ids)
     model.decode_weights = weights
     assert torch.equal(one_call, per_layer)
+
+
+def test_kernels_refuse_bad_shapes():
+    with pytest.raises(RuntimeError, match="gate then up"):
+        torch.ops.llmopt.silu_mul(torch.randn(3, 7))
+    with pytest.raises(RuntimeError, match="shapes"):
+        torch.ops.llmopt.packed_linear(torch.randn(2, 63), pack_panels(torch.randn(64, 32)), 32)

@@ -284,6 +284,7 @@ at::Tensor rope_and_cache(const at::Tensor& qkv, const at::Tensor& cos, const at
 // silu(gate) * up, with gate and up the two halves of each row of x: [T, 2I] -> [T, I].
 at::Tensor silu_mul(const at::Tensor& x) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "fp32 only");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % 2 == 0, "x: [T, 2I], gate then up");
   auto in = x.contiguous();
   const int64_t T = in.size(0), I = in.size(1) / 2;
   auto out = at::empty({T, I}, in.options());
