@@ -14,10 +14,15 @@ from llmopt.engine.models.llama import pack_panels, rotate_half
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 13, 16, 40])
-def test_packed_linear_equals_mm(rows):
+# Every path: one pass (<= 8 rows), row groups with a short last one, several 64-row blocks, and weight
+# blocks of 192 rows with a shorter last one (in_features not a multiple of 192).
+@pytest.mark.parametrize(
+    ("rows", "in_features"),
+    [(0, 576), (1, 576), (3, 576), (8, 576), (13, 576), (16, 576), (77, 1536), (200, 200)],
+)
+def test_packed_linear_equals_mm(rows, in_features):
     torch.manual_seed(rows)
-    x, weight_t = torch.randn(rows, 576), torch.randn(576, 960)
+    x, weight_t = torch.randn(rows, in_features), torch.randn(in_features, 960)
     out = torch.ops.llmopt.packed_linear(x, pack_panels(weight_t), 960)
     torch.testing.assert_close(out, x @ weight_t, rtol=1e-5, atol=1e-4)
 
@@ -28,6 +33,26 @@ def test_packed_linear_with_a_partial_last_panel():
     out = torch.ops.llmopt.packed_linear(x, packed, 50)
     assert out.shape == (5, 50)
     torch.testing.assert_close(out, x @ weight_t, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(("block_size", "head_dim"), [(16, 64), (64, 32), (8, 128)])
+def test_paged_decode_attention_matches_sdpa(block_size, head_dim):
+    """Contexts that end inside a block, on its edge, and span many blocks placed anywhere in the pool."""
+    torch.manual_seed(block_size)
+    heads, kv_heads, num_blocks = 9, 3, 64
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim)
+    context_lens = torch.tensor([1, block_size - 1, block_size, block_size + 1, 5 * block_size + 3])
+    block_tables = torch.randperm(num_blocks)[: 5 * 6].view(5, 6)
+    q = torch.randn(5, heads, head_dim)
+    out = torch.ops.llmopt.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, head_dim**-0.5
+    )
+    for row, length in enumerate(context_lens.tolist()):
+        keys = k_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)  # [kv_heads, len, dim]
+        values = v_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        expected = F.scaled_dot_product_attention(q[row][:, None], keys, values, enable_gqa=True)
+        torch.testing.assert_close(out[row], expected[:, 0], rtol=1e-5, atol=1e-5)
 
 
 def test_silu_mul_matches_torch_over_the_whole_range():

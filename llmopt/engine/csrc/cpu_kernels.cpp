@@ -49,6 +49,73 @@ inline void exp_inplace(float* x, int64_t n) {
 #endif
 }
 
+#ifdef __AVX512F__
+// The sum of each of 16 vectors, as one vector: out[t] = sum of v[t]'s lanes (a transposing tree of
+// shuffles and adds, instead of 16 separate horizontal sums).
+inline __m512 sum16(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// scores[t] = scale * q . k[t * row] for the n (<= kMaxBlock) keys of one block.
+template <int D>
+void block_scores(const float* q, const float* k, int64_t row, int64_t n, float scale, float* scores) {
+#ifdef __AVX512F__
+  constexpr int kVecs = D / 16;
+  __m512 qv[kVecs];
+  for (int i = 0; i < kVecs; ++i) qv[i] = _mm512_loadu_ps(q + 16 * i);
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    __m512 dots[16];
+    for (int t = 0; t < 16; ++t) {
+      dots[t] = _mm512_setzero_ps();
+      if (t0 + t < n)
+        for (int i = 0; i < kVecs; ++i) dots[t] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + (t0 + t) * row + 16 * i), dots[t]);
+    }
+    const __mmask16 mask = n - t0 >= 16 ? 0xFFFF : (1u << (n - t0)) - 1;
+    _mm512_mask_storeu_ps(scores + t0, mask, _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale)));
+  }
+#else
+  for (int64_t t = 0; t < n; ++t) {
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < D; ++d) dot += q[d] * k[t * row + d];
+    scores[t] = dot * scale;
+  }
+#endif
+}
+
+// acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block.
+template <int D>
+void add_weighted_values(const float* weights, const float* v, int64_t row, int64_t n, float correction, float* acc) {
+#ifdef __AVX512F__
+  constexpr int kVecs = D / 16;
+  __m512 a[kVecs];
+  for (int i = 0; i < kVecs; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), _mm512_set1_ps(correction));
+  for (int64_t t = 0; t < n; ++t) {
+    const __m512 w = _mm512_set1_ps(weights[t]);
+    for (int i = 0; i < kVecs; ++i) a[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + t * row + 16 * i), a[i]);
+  }
+  for (int i = 0; i < kVecs; ++i) _mm512_storeu_ps(acc + 16 * i, a[i]);
+#else
+#pragma omp simd
+  for (int d = 0; d < D; ++d) acc[d] *= correction;
+  for (int64_t t = 0; t < n; ++t)
+#pragma omp simd
+    for (int d = 0; d < D; ++d) acc[d] += weights[t] * v[t * row + d];
+#endif
+}
+
 template <int D>
 void decode_heads(const float* q, const float* k_cache, const float* v_cache, const int64_t* block_table,
                   int64_t context_len, int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t group,
@@ -81,15 +148,9 @@ void decode_heads(const float* q, const float* k_cache, const float* v_cache, co
     }
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * D;
+      block_scores<D>(qg, k, row, n, scale, scores[g]);
       float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < n; ++t) {
-        const float* kt = k + t * row;
-        float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < D; ++d) dot += qg[d] * kt[d];
-        scores[g][t] = dot * scale;
-        block_max = std::max(block_max, scores[g][t]);
-      }
+      for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, scores[g][t]);
       const float new_max = std::max(running_max[g], block_max);
       const float correction = std::exp(running_max[g] - new_max);
       running_max[g] = new_max;
@@ -100,15 +161,7 @@ void decode_heads(const float* q, const float* k_cache, const float* v_cache, co
 #pragma omp simd reduction(+ : block_sum)
       for (int64_t t = 0; t < n; ++t) block_sum += scores[g][t];
       running_sum[g] = running_sum[g] * correction + block_sum;
-      float* a = acc[g];
-#pragma omp simd
-      for (int d = 0; d < D; ++d) a[d] *= correction;
-      for (int64_t t = 0; t < n; ++t) {
-        const float* vt = v + t * row;
-        const float w = scores[g][t];
-#pragma omp simd
-        for (int d = 0; d < D; ++d) a[d] += w * vt[d];
-      }
+      add_weighted_values<D>(scores[g], v, row, n, correction, acc[g]);
     }
   }
   for (int64_t g = 0; g < group; ++g) {
@@ -160,16 +213,17 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 // bandwidth for the 2-32 row batches of decoding; this reads them at close to full bandwidth.
 constexpr int64_t kPanel = 32;
 constexpr int64_t kPrefetch = 32;  // weight rows (of one panel) ahead: 4 KB, measured best of 0/8/32/64
-// With more than 8 input rows, a panel is taken 64 weight rows (8 KB) at a time and every group of 8
-// input rows works on that block while it is in L1: memory keeps streaming the panel once, front to
-// back, instead of a second group re-reading the whole panel from L2 while nothing streams.
-constexpr int64_t kBlockRows = 64;
+// With more than 8 input rows, the rows are taken 64 at a time (their partial sums stay in L1) and a
+// panel 192 weight rows (24 KB) at a time; every group of 8 input rows works on that block while it is
+// in L1, and each group prefetches its share of the next block, so memory keeps streaming while the
+// groups compute. Measured here against one pass per group with a fixed prefetch distance: 20 % faster
+// at 16 rows, 25 % at 512 (then within 10 % of MKL's sgemm on the plain layout).
+constexpr int64_t kBlockRows = 192;
+constexpr int64_t kRowBlock = 64;
 
-// out[0:MR, 0:cols] (+)= x[0:MR, k0:k1] @ w[k0:k1, 0:cols] for one panel w [K, 32]; the partial sums
-// of earlier k-blocks are read back from out, so the order of the additions is that of one pass.
 template <int MR>
 void panel_rows(const float* x, int64_t K, const float* w, int64_t k0, int64_t k1, float* out, int64_t ldo,
-                int64_t cols) {
+                int64_t cols, const float* prefetch, int64_t prefetch_stride) {
 #ifdef __AVX512F__
   const __mmask16 lo = cols >= 16 ? 0xFFFF : (1u << cols) - 1;
   const __mmask16 hi = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1;
@@ -180,7 +234,7 @@ void panel_rows(const float* x, int64_t K, const float* w, int64_t k0, int64_t k
     acc[r][1] = k0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(hi, out + r * ldo + 16);
   }
   for (int64_t k = k0; k < k1; ++k) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + (k + kPrefetch) * kPanel), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(prefetch + (k - k0) * prefetch_stride), _MM_HINT_T0);
     const __m512 w0 = _mm512_loadu_ps(w + k * kPanel), w1 = _mm512_loadu_ps(w + k * kPanel + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < MR; ++r) {
@@ -209,7 +263,8 @@ void panel_rows(const float* x, int64_t K, const float* w, int64_t k0, int64_t k
 #endif
 }
 
-using PanelFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t);
+using PanelFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, int64_t, int64_t,
+                        const float*, int64_t);
 constexpr PanelFn kPanelRows[] = {nullptr,         panel_rows<1>, panel_rows<2>, panel_rows<3>, panel_rows<4>,
                                   panel_rows<5>, panel_rows<6>, panel_rows<7>, panel_rows<8>};
 
@@ -220,19 +275,30 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n) {
   TORCH_CHECK(w.size(0) == (n + kPanel - 1) / kPanel && w.is_contiguous(), "w: [ceil(n / 32), K, 32]");
   auto input = x.contiguous();
   const int64_t M = input.size(0), K = input.size(1), panels = w.size(0);
-  const int64_t block = M > 8 ? kBlockRows : K;
   auto out = at::empty({M, n}, input.options());
   const float* xp = input.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* op = out.data_ptr<float>();
+  if (M == 0) return out;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const float* panel = wp + p * K * kPanel;
       const int64_t cols = std::min(kPanel, n - p * kPanel);
-      for (int64_t k0 = 0; k0 < K; k0 += block) {
-        for (int64_t m = 0; m < M; m += 8) {
-          const int64_t rows = std::min<int64_t>(8, M - m);
-          kPanelRows[rows](xp + m * K, K, panel, k0, std::min(K, k0 + block), op + m * n + p * kPanel, n, cols);
+      if (M <= 8) {  // one pass, prefetching a fixed distance ahead (into the next panel at the end)
+        kPanelRows[M](xp, K, panel, 0, K, op + p * kPanel, n, cols, panel + kPrefetch * kPanel, kPanel);
+        continue;
+      }
+      for (int64_t m0 = 0; m0 < M; m0 += kRowBlock) {
+        const int64_t m1 = std::min(M, m0 + kRowBlock), groups = (m1 - m0 + 7) / 8;
+        for (int64_t k0 = 0; k0 < K; k0 += kBlockRows) {
+          const int64_t k1 = std::min(K, k0 + kBlockRows);
+          for (int64_t m = m0; m < m1; m += 8) {
+            // Weights are contiguous across panels, so the next block starts at row k1 (of this panel
+            // or, past its end, of the next): group g prefetches one line per step from its share.
+            const float* next = panel + (k1 + (m - m0) / 8 * kBlockRows / groups) * kPanel;
+            kPanelRows[std::min<int64_t>(8, m1 - m)](xp + m * K, K, panel, k0, k1, op + m * n + p * kPanel, n,
+                                                     cols, next, 16);
+          }
         }
       }
     }
