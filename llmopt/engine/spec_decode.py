@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from llmopt.engine.block_manager import BlockManager
-from llmopt.engine.sampler import ban_stop_tokens, probabilities
+from llmopt.engine.sampler import ban_stop_tokens, greedy_tokens, probabilities
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
 
@@ -152,7 +152,7 @@ class DraftProposer:
                 params = seq.params
                 row_logits = logits[row : row + 1]
                 if params.greedy:
-                    token = int(row_logits.argmax())
+                    [token] = greedy_tokens(row_logits)
                 else:
                     p = probabilities(row_logits, params)
                     token = int(torch.multinomial(p[0], 1, generator=seq.generator))
@@ -193,7 +193,7 @@ def verify(
     params = seq.params
     ban_stop_tokens(logits, stop_ids, params, seq.num_output_tokens)
     if params.greedy:
-        target = logits.argmax(dim=-1).tolist()
+        target = greedy_tokens(logits)
         accepted = 0
         while accepted < len(draft) and draft[accepted] == target[accepted]:
             accepted += 1
