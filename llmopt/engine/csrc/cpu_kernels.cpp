@@ -55,7 +55,8 @@ inline void exp_inplace(float* x, int64_t n) {
 inline __m512 sum16(const __m512* v) {
   __m512 w[8], x[4];
   for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   for (int i = 0; i < 4; ++i)
     x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
@@ -79,8 +80,9 @@ void block_scores(const float* q, const float* k, int64_t row, int64_t n, float 
     __m512 dots[16];
     for (int t = 0; t < 16; ++t) {
       dots[t] = _mm512_setzero_ps();
-      if (t0 + t < n)
-        for (int i = 0; i < kVecs; ++i) dots[t] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + (t0 + t) * row + 16 * i), dots[t]);
+      if (t0 + t >= n) continue;
+      const float* kt = k + (t0 + t) * row;
+      for (int i = 0; i < kVecs; ++i) dots[t] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kt + 16 * i), dots[t]);
     }
     const __mmask16 mask = n - t0 >= 16 ? 0xFFFF : (1u << (n - t0)) - 1;
     _mm512_mask_storeu_ps(scores + t0, mask, _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale)));
@@ -97,11 +99,13 @@ void block_scores(const float* q, const float* k, int64_t row, int64_t n, float 
 
 // acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block.
 template <int D>
-void add_weighted_values(const float* weights, const float* v, int64_t row, int64_t n, float correction, float* acc) {
+void add_weighted_values(const float* weights, const float* v, int64_t row, int64_t n, float correction,
+                         float* acc) {
 #ifdef __AVX512F__
   constexpr int kVecs = D / 16;
   __m512 a[kVecs];
-  for (int i = 0; i < kVecs; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), _mm512_set1_ps(correction));
+  const __m512 c = _mm512_set1_ps(correction);
+  for (int i = 0; i < kVecs; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), c);
   for (int64_t t = 0; t < n; ++t) {
     const __m512 w = _mm512_set1_ps(weights[t]);
     for (int i = 0; i < kVecs; ++i) a[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + t * row + 16 * i), a[i]);
@@ -296,8 +300,8 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n) {
             // Weights are contiguous across panels, so the next block starts at row k1 (of this panel
             // or, past its end, of the next): group g prefetches one line per step from its share.
             const float* next = panel + (k1 + (m - m0) / 8 * kBlockRows / groups) * kPanel;
-            kPanelRows[std::min<int64_t>(8, m1 - m)](xp + m * K, K, panel, k0, k1, op + m * n + p * kPanel, n,
-                                                     cols, next, 16);
+            const int64_t rows = std::min<int64_t>(8, m1 - m);
+            kPanelRows[rows](xp + m * K, K, panel, k0, k1, op + m * n + p * kPanel, n, cols, next, 16);
           }
         }
       }
