@@ -131,6 +131,8 @@ def main() -> None:
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="runs of each configuration, best kept")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     console = Console(width=150)
     model_dir = resolve_model()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
