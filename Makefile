@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve demo test lint format bench clean
+.PHONY: install serve demo test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -33,6 +33,10 @@ format: install
 
 test: install lint
 	$(BIN)/python -m pytest -q
+
+# No model weights, no server: the block manager, scheduler, sampler, protocol, bench, cost, report data.
+test-fast: install lint
+	$(BIN)/python -m pytest -q -m 'not model'
 
 clean:
 	rm -rf $(VENV) .pytest_cache

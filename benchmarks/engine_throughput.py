@@ -18,11 +18,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.checkpoints import resolve_model
 from llmopt.corpus import default_text
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.models import resolve_model
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
@@ -159,7 +159,7 @@ def main() -> None:
     model_bytes = bytes_per_decode_token(engine)
     del engine
     console.print("prefix caching ...")
-    from llmopt.models import load_tokenizer
+    from llmopt.checkpoints import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     ttft_off, ttft_on = prefix_cache_ttft(model_dir, tokenizer)

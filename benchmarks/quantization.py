@@ -18,10 +18,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.checkpoints import resolve_model
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.models import resolve_model
-from llmopt.quant.eval import perplexity
+from llmopt.evaluate.perplexity import perplexity
 from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig, checkpoint_size_mb, decode_speed, quantize
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"

@@ -24,7 +24,7 @@ from llmopt.bench.launcher import LocalServer, llmopt_serve_command
 from llmopt.bench.metrics import summarize
 from llmopt.bench.runner import LoadPoint, run_point
 from llmopt.bench.workload import random_prompts
-from llmopt.models import bundled_gguf_path, load_tokenizer, resolve_model
+from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "results"

@@ -21,10 +21,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.checkpoints import resolve_model
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.models import resolve_model
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 

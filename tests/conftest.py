@@ -17,9 +17,34 @@ import pytest
 import torch
 
 from llmopt.bench.launcher import LocalServer, llmopt_serve_command
+from llmopt.checkpoints import resolve_model
 from llmopt.engine.llm import LLM
-from llmopt.models import resolve_model
 from llmopt.quant.quantize import QuantizeConfig, quantize
+
+# Tests that use any of these need the real model (and most a live server): `make test-fast` skips
+# them (pytest -m "not model"); `make test` runs everything.
+MODEL_FIXTURES = {
+    "model_dir",
+    "llm",
+    "hf_greedy",
+    "server",
+    "client",
+    "async_client",
+    "int8_run",
+    "int8_dir",
+    "gptq_dir",
+    "awq_dir",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        params = getattr(item, "callspec", None)
+        # Parameters naming a fixture that the test fetches with request.getfixturevalue(name).
+        by_name = {v for v in params.params.values() if isinstance(v, str)} if params else set()
+        if MODEL_FIXTURES & (set(item.fixturenames) | by_name):
+            item.add_marker(pytest.mark.model)
+
 
 PROMPTS = [
     "The capital of France is",

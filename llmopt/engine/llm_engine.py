@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, GenerationConfig
 
+from llmopt.checkpoints import load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
@@ -20,7 +21,6 @@ from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import Scheduler
 from llmopt.engine.sequence import RequestOutput, Sequence
 from llmopt.engine.spec_decode import SpecStats, SpeculativeConfig, make_proposer, verify
-from llmopt.models import load_tokenizer, resolve_model
 
 log = logging.getLogger(__name__)
 

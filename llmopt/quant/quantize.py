@@ -198,9 +198,9 @@ def quantize(
     config: QuantizeConfig, step: Callable[[str], AbstractContextManager] = lambda _: nullcontext()
 ) -> QuantReport:
     """Quantize `config.model` into `config.out`; `step(description)` wraps each long step (progress)."""
-    from llmopt.models import load_tokenizer, resolve_model
-    from llmopt.quant.data import calibration_samples, split_tokens
-    from llmopt.quant.eval import perplexity
+    from llmopt.checkpoints import load_tokenizer, resolve_model
+    from llmopt.evaluate.data import calibration_samples, split_tokens
+    from llmopt.evaluate.perplexity import perplexity
 
     model_dir = resolve_model(config.model)
     group_size = choose_group_size(config, model_dir)

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from jinja2 import Environment
 
-from llmopt.bench.cost import PricingModel, cost_table, load_pricing
 from llmopt.bench.metrics import parse_slo
+from llmopt.pricing import PricingModel, cost_table, load_pricing
 from llmopt.report import plots
 from llmopt.report.data import Run, load_run
+from llmopt.report.format import break_even, fmt, money
 
 DELTA_METRICS = [
     ("output_throughput", "out tok/s", None),
@@ -24,25 +25,6 @@ DELTA_METRICS = [
 ]
 
 TEMPLATE = Path(__file__).with_name("template.html.j2")
-
-
-def fmt(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def money(value) -> str:
-    if value is None:
-        return "-"
-    return f"${value:,.6f}" if value < 0.01 else f"${value:,.4f}"
-
-
-def break_even(row: dict) -> str:
-    values = row.get("break_even_prompt_tokens")
-    if not values:
-        return "-"
-    return "; ".join(
-        f"{name}: {'any length' if v == 0 else f'> {v:,.0f} tokens'}" for name, v in values.items()
-    )
 
 
 def run_settings(run: Run) -> list[tuple[str, str]]:
@@ -200,7 +182,7 @@ def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -
         delta_metrics=DELTA_METRICS,
         figures=[(t, b64(svg)) for t, svg in figures],
         cost_blocks=cost_blocks,
-        pricing_source=str(pricing or "recipes/pricing.toml"),
+        pricing_source=str(pricing or "llmopt/pricing.toml"),
         money=money,
         break_even=break_even,
     )

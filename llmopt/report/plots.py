@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # no display: render to files only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from llmopt.bench.cost import PricingModel  # noqa: E402
+from llmopt.pricing import PricingModel  # noqa: E402
 from llmopt.report.data import Run, load_value  # noqa: E402
 
 STYLES = {"p50": "-", "p90": "--", "p99": ":"}

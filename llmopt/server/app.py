@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API over the engine: /v1/models, /v1/completions, /v1/chat/completions,
-/health and /metrics. The engine steps on its own thread (EngineLoop); each HTTP request reads its
+/health and /metrics. The engine steps on its own thread (EngineThread); each HTTP request reads its
 outputs from an asyncio queue."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from llmopt.engine.async_engine import EngineLoop
+from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.sequence import RequestOutput
@@ -63,13 +63,13 @@ class RequestGroup:
 
     def __init__(
         self,
-        engine_loop: EngineLoop,
+        engine_thread: EngineThread,
         metrics: ServerMetrics,
         prompts: list[list[int]],
         params: list[SamplingParams],
         n_per_prompt: int,
     ):
-        self.engine_loop = engine_loop
+        self.engine_thread = engine_thread
         self.n_per_prompt = n_per_prompt  # choices i*n .. i*n+n-1 share prompt i
         self.metrics = metrics
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
@@ -80,7 +80,7 @@ class RequestGroup:
         loop = asyncio.get_running_loop()
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params)):
-                engine_loop.add_request(prompt, p, self.request_ids[i], self._sink(loop, i))
+                engine_thread.add_request(prompt, p, self.request_ids[i], self._sink(loop, i))
         except (ValueError, RuntimeError):
             self.abort()
             raise
@@ -94,7 +94,7 @@ class RequestGroup:
 
     def abort(self) -> None:
         for i in self.unfinished:
-            self.engine_loop.abort(self.request_ids[i])
+            self.engine_thread.abort(self.request_ids[i])
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         last_token_time = {i: None for i in self.unfinished}
@@ -118,17 +118,17 @@ class RequestGroup:
 
 
 def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
-    engine_loop = EngineLoop(engine)
+    engine_thread = EngineThread(engine)
     metrics = ServerMetrics(engine, settings.served_model_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine_loop.start()
+        engine_thread.start()
         yield
-        engine_loop.shutdown()
+        engine_thread.shutdown()
 
     app = FastAPI(title="llmopt", lifespan=lifespan)
-    app.state.engine_loop = engine_loop
+    app.state.engine_thread = engine_thread
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -179,7 +179,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
 
     def aborted_error() -> APIError:
         """Why the engine ended a request early: a shutdown, or (a bug) a failed engine step."""
-        if engine_loop.stopping:
+        if engine_thread.stopping:
             return APIError(503, "the server is shutting down; the request was not completed", "server_error")
         return APIError(
             500, "the engine failed while serving this request; see the server log", "server_error"
@@ -234,7 +234,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
                 code="queue_full",
             )
         try:
-            return RequestGroup(engine_loop, metrics, expanded, params, req.n)
+            return RequestGroup(engine_thread, metrics, expanded, params, req.n)
         except ValueError as exc:
             raise APIError(400, str(exc), param="prompt") from None
         except RuntimeError as exc:

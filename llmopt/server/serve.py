@@ -7,9 +7,9 @@ import sys
 
 import uvicorn
 
+from llmopt.checkpoints import DEFAULT_MODEL
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.models import DEFAULT_MODEL
 from llmopt.server.app import ServerSettings, create_app
 
 log = logging.getLogger("llmopt.serve")
@@ -43,7 +43,7 @@ class Server(uvicorn.Server):
         )
 
     def handle_exit(self, sig, frame) -> None:
-        self.app.state.engine_loop.shutdown(timeout=0)
+        self.app.state.engine_thread.shutdown(timeout=0)
         super().handle_exit(sig, frame)
 
 

@@ -9,7 +9,7 @@ from llmopt.bench.workload import (
     random_prompts,
     shared_prefix_prompts,
 )
-from llmopt.models import load_tokenizer
+from llmopt.checkpoints import load_tokenizer
 
 
 @pytest.fixture(scope="module")

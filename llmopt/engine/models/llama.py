@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
-from llmopt.quant.linear import (
+from llmopt.engine.layers.quantized_linear import (
     DEQUANTIZE_FROM_ROWS,
     QuantizedLinear,
     QuantizedWeight,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.cost import PricingModel, cost_table, load_pricing
+from llmopt.pricing import PricingModel, cost_table, load_pricing
 
 TOKEN = PricingModel("tok", "token", input_per_1m=3.0, output_per_1m=15.0)
 FLAT = PricingModel("flat", "request", per_request=0.04)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.models import ModelError, bundled_gguf_path, resolve_model
+from llmopt.checkpoints import ModelError, bundled_gguf_path, resolve_model
 
 
 def test_default_model_resolves_to_a_converted_folder(model_dir):
@@ -37,9 +37,10 @@ def test_bad_model_arguments_give_one_clear_error(tmp_path, make, message):
         resolve_model(str(make(tmp_path)))
 
 
+@pytest.mark.model  # converts the real GGUF, twice
 def test_two_processes_converting_at_once_both_succeed(tmp_path):
     env = {**os.environ, "LLMOPT_CACHE": str(tmp_path)}
-    code = "from llmopt.models import resolve_model; print(resolve_model())"
+    code = "from llmopt.checkpoints import resolve_model; print(resolve_model())"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

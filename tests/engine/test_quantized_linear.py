@@ -12,8 +12,7 @@ import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from safetensors.torch import load_file, save_file
 
-from llmopt.quant.eval import engine_scorer
-from llmopt.quant.linear import (
+from llmopt.engine.layers.quantized_linear import (
     AWQ_ORDER,
     DEQUANTIZE_FROM_ROWS,
     QuantizedLinear,
@@ -22,6 +21,7 @@ from llmopt.quant.linear import (
     take_compressed_tensors,
     take_gptq,
 )
+from llmopt.evaluate.perplexity import engine_scorer
 
 
 def random_weight(out_features: int = 64, in_features: int = 128, group_size: int = 32, bits: int = 4):
@@ -203,7 +203,7 @@ def test_w8a8_checkpoints_serve_with_int8_weights(tmp_path, model_dir, int8_dir,
     from transformers import AutoModelForCausalLM
 
     from llmopt.engine.models.llama import load_model
-    from llmopt.quant.eval import perplexity
+    from llmopt.evaluate.perplexity import perplexity
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme="W8A8", ignore=["lm_head"]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.quant.data import Window, eval_windows, split_tokens
+from llmopt.evaluate.data import Window, eval_windows, split_tokens
 
 BACKENDS = ("engine", "transformers")
 
@@ -67,7 +67,7 @@ def perplexity(
     backend: str = "engine",
 ) -> EvalResult:
     """Perplexity of `model` on the evaluation half of `data` (default: the built-in corpus)."""
-    from llmopt.models import load_tokenizer, resolve_model
+    from llmopt.checkpoints import load_tokenizer, resolve_model
 
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")

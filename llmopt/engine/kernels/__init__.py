@@ -1,4 +1,4 @@
-"""Compiled CPU kernels of the engine (llmopt/engine/csrc), built once per machine on first use.
+"""Compiled CPU kernels of the engine (cpu_kernels.cpp beside this file), built once per machine on first use.
 
 The build needs a C++ compiler; where there is none, the engine falls back to plain PyTorch ops and
 says so in the log.
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 
-from llmopt.models import cache_dir
+from llmopt.checkpoints import cache_dir
 
 log = logging.getLogger(__name__)
-CSRC = Path(__file__).parent / "csrc"
+CSRC = Path(__file__).parent
 # What the decode-attention kernel handles (see cpu_kernels.cpp); other models use PyTorch's SDPA.
 HEAD_DIMS = (32, 64, 128)
 MAX_GROUP = 16

@@ -1,4 +1,4 @@
-"""Token-based vs request-based vs self-hosted cost, from pricing models (recipes/pricing.toml).
+"""Token-based vs request-based vs self-hosted cost, from pricing models (llmopt/pricing.toml, package data).
 
 token-based:   cost(request) = prompt_tokens * input_price + output_tokens * output_price
 request-based: cost(request) = a flat price
@@ -17,7 +17,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-DEFAULT_PRICING = Path(__file__).resolve().parents[2] / "recipes" / "pricing.toml"
+DEFAULT_PRICING = Path(__file__).with_name("pricing.toml")
 KINDS = ("token", "request", "gpu-hour")
 
 

@@ -116,8 +116,8 @@ class DraftProposer:
     def __init__(
         self, config: SpeculativeConfig, engine_config: EngineConfig, vocab_size: int, max_model_len: int
     ):
+        from llmopt.checkpoints import resolve_model
         from llmopt.engine.model_runner import ModelRunner
-        from llmopt.models import resolve_model
 
         draft_config = replace(engine_config, model=config.model, enable_prefix_caching=False)
         self.runner = ModelRunner(draft_config, resolve_model(config.model), max_model_len)

@@ -11,7 +11,7 @@ from llmopt.engine.sequence import RequestOutput
 log = logging.getLogger(__name__)
 
 
-class EngineLoop:
+class EngineThread:
     """Runs `LLMEngine.step()` on a thread of its own, so that a server's event loop stays free.
 
     Requests and aborts may come from any thread; outputs go to each request's callback from the

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmopt.quant.data import eval_windows, split_tokens
-from llmopt.quant.eval import engine_scorer, perplexity
+from llmopt.evaluate.data import eval_windows, split_tokens
+from llmopt.evaluate.perplexity import engine_scorer, perplexity
 from tests.conftest import PROMPTS, llmopt
 
 

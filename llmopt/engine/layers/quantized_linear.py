@@ -16,6 +16,7 @@ Formats read:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -116,9 +117,11 @@ class QuantizedLinear(torch.nn.Module):
         if self.kernel == "dense":
             return self.weight_t
         out_features, in_features, group = self.out_features, self.in_features, self.group_size
-        # aten's CPU int4 layout: output rows in blocks of 64; byte j of input column k in a block holds
-        # row j (low nibble) and row 32 + j (high nibble) of that block.
-        nibbles = self.packed.view(out_features // 64, in_features, 32)
+        # aten's CPU int4 layout: output rows in blocks of B; byte j of input column k in a block holds
+        # row j (low nibble) and row B/2 + j (high nibble) of that block. B depends on the CPU capability
+        # torch dispatches to (64 for AVX-512, 32 for AVX2), so it is read off the kernel itself.
+        block = int4_pack_block()
+        nibbles = self.packed.view(out_features // block, in_features, block // 2)
         q = torch.cat((nibbles & 15, nibbles >> 4), dim=2).permute(1, 0, 2).reshape(in_features, out_features)
         q = q.view(in_features // group, group, out_features).float() - 8
         return torch.addcmul(self.offset_t[:, None], q, self.scale_t[:, None]).view(in_features, out_features)
@@ -134,6 +137,16 @@ class QuantizedLinear(torch.nn.Module):
             y = torch._weight_int8pack_mm(x.bfloat16(), self.packed, self.scale_bf16)
         y = y.to(x.dtype)
         return y if bias is None else y + bias
+
+
+@functools.cache
+def int4_pack_block() -> int:
+    """Output rows per block of `torch._convert_weight_to_int4pack_for_cpu`'s layout on this machine:
+    pack a probe whose only non-zero is row 16 of column 0 and see where it lands."""
+    probe = torch.zeros(64, 32, dtype=torch.int32)
+    probe[16, 0] = 1
+    packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1).flatten()
+    return 32 if int(packed[0]) == 16 else 64  # with 32-row blocks row 16 is byte 0's high nibble
 
 
 def checkpoint_quantization(model_dir: Path) -> dict | None:

@@ -1,0 +1,34 @@
+"""What every command shares: the stderr console, the model argument, the one-line error exit."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True, soft_wrap=True)
+
+ModelArg = Annotated[
+    str | None, typer.Argument(help="HF model folder, .gguf file, or 'smollm2-135m' (the default)")
+]
+
+SPEC_HELP = (
+    "speculative decoding, as vLLM: "
+    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
+    'or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\''
+)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line; the caller raises the returned Exit (exit code 1)."""
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=1)
+
+
+def int_list(text: str | None) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def float_list(text: str | None) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()] if text else []

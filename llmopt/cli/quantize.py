@@ -1,0 +1,82 @@
+"""`llmopt quantize`: GPTQ / AWQ / INT8 with llm-compressor, and what it cost."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from llmopt.cli.options import ModelArg, console, fail
+
+
+def quantize(
+    model: ModelArg = None,
+    out: Annotated[
+        Path, typer.Option(help="folder for the quantized checkpoint (compressed-tensors)")
+    ] = Path("quantized"),
+    method: Annotated[str, typer.Option(help="gptq, awq or int8")] = "gptq",
+    bits: Annotated[int | None, typer.Option(help="4 (gptq, awq) or 8 (int8, gptq)")] = None,
+    group_size: Annotated[
+        int | None,
+        typer.Option(help="input columns per scale; default: per channel at 8 bits, else 128/64/32"),
+    ] = None,
+    calib: Annotated[Path | None, typer.Option(help="calibration text: plain text or JSONL")] = None,
+    calib_samples: Annotated[
+        int | None, typer.Option(help="calibration samples; default 64 (gptq), 8 (awq, int8)")
+    ] = None,
+    seq_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 256,
+    eval_windows: Annotated[int, typer.Option(help="held-out windows of 512 tokens for perplexity")] = 8,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+) -> None:
+    """Quantize a model with llm-compressor and report size, perplexity and speed before and after."""
+    from contextlib import contextmanager
+
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from llmopt.checkpoints import ModelError
+    from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig
+    from llmopt.quant.quantize import quantize as run_quantize
+
+    logging.basicConfig(level=logging.WARNING)
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    )
+
+    @contextmanager
+    def step(description: str):
+        task = progress.add_task(description, total=1)
+        yield
+        progress.update(task, completed=1)
+
+    try:
+        config = QuantizeConfig(
+            model=model,
+            out=out,
+            method=method,
+            bits=bits,
+            group_size=group_size,
+            calib=calib,
+            calib_samples=calib_samples,
+            seq_len=seq_len,
+            eval_windows=eval_windows,
+            overwrite=overwrite,
+        )
+        with progress:
+            report = run_quantize(config, step)
+    except (ModelError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    group = "per channel" if report.group_size is None else f"group {report.group_size}"
+    table = Table(
+        title=f"{report.method.upper()} {report.bits}-bit, {group}",
+        caption=f"{report.calibration_samples} calibration samples, {report.seconds:.0f} s",
+    )
+    for column in ("", "before", "after"):
+        table.add_column(column, justify="left" if not column else "right")
+    for row in report.rows():
+        table.add_row(*row)
+    Console().print(table)
+    console.print(f"checkpoint: {out}  (report: {out / REPORT_FILE})")
