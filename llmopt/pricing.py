@@ -12,10 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from llmopt.files import read_toml
 
 DEFAULT_PRICING = Path(__file__).with_name("pricing.toml")
 KINDS = ("token", "request", "gpu-hour")
@@ -56,12 +53,7 @@ class PricingModel:
 
 def load_pricing(path: Path | None = None) -> list[PricingModel]:
     path = path or DEFAULT_PRICING
-    try:
-        entries = tomllib.loads(Path(path).read_text()).get("model", [])
-    except FileNotFoundError:
-        raise ValueError(f"pricing file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+    entries = read_toml(path, "pricing file").get("model", [])
     models = []
     for entry in entries:
         try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt.corpus import default_text, jsonl_records
+from llmopt.corpus import default_text
+from llmopt.files import jsonl_records
 
 JSONL_TEXT_FIELDS = ("text", "content", "prompt")
 

@@ -8,7 +8,8 @@ import random
 from pathlib import Path
 
 from llmopt.bench.client import BenchRequest
-from llmopt.corpus import default_text, jsonl_records
+from llmopt.corpus import default_text
+from llmopt.files import jsonl_records
 
 
 def corpus_token_ids(tokenizer) -> list[int]:
