@@ -5,6 +5,11 @@ from collections import OrderedDict
 from llmopt.engine.sequence import Sequence
 
 
+def num_blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens (a partly filled last block counts)."""
+    return -(-num_tokens // block_size)
+
+
 def block_hash(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     # Chained: a block's hash covers every token before it, so equal hashes mean equal prefixes
     # (a hit is still confirmed by comparing token ids, in case of a collision).
@@ -52,7 +57,7 @@ class BlockManager:
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Blocks to add to `seq` so that its first `num_tokens` tokens have KV slots."""
-        return max(0, -(-num_tokens // self.block_size) - len(seq.block_table))
+        return max(0, num_blocks_for(num_tokens, self.block_size) - len(seq.block_table))
 
     def take_cached_prefix(self, seq: Sequence) -> int:
         """Give a new sequence the cached blocks of its longest cached prefix; return the tokens covered.
@@ -79,10 +84,25 @@ class BlockManager:
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
         return seq.num_computed_tokens
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> None:
-        """Add fresh blocks so that `seq` has slots for `num_tokens` tokens."""
+    def admit(self, seq: Sequence, max_new_tokens: int) -> int | None:
+        """Give a waiting sequence its longest cached prefix and blocks for up to `max_new_tokens` more of
+        its tokens; return how many tokens it computes now. None when the free blocks are too few: then
+        it holds nothing (its cached blocks go back) and the prefix-cache counters are unchanged."""
+        cached = self.take_cached_prefix(seq)
+        num_new = min(len(seq) - seq.num_computed_tokens, max_new_tokens)
+        if not self.allocate(seq, seq.num_computed_tokens + num_new):
+            self.free(seq)
+            return None
+        self.prefix_cache_queries += len(seq)
+        self.prefix_cache_hits += cached
+        return num_new
+
+    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+        """Add fresh blocks so that `seq` has slots for `num_tokens` tokens; False (and nothing added)
+        when too few blocks are free."""
         needed = self.blocks_needed(seq, num_tokens)
-        assert needed <= self.num_free_blocks, "caller must check free blocks first"
+        if needed > self.num_free_blocks:
+            return False
         for _ in range(needed):
             block_id, _ = self.free_block_ids.popitem(last=False)
             block = self.blocks[block_id]
@@ -93,6 +113,7 @@ class BlockManager:
                 block.hash, block.token_ids = None, ()
             block.ref_count = 1
             seq.block_table.append(block_id)
+        return True
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks that `seq` has completely computed, so later requests can share them."""

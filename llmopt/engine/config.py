@@ -16,7 +16,6 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 8192
     enable_prefix_caching: bool = True
-    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default (one per core)
     seed: int = 0  # seeds requests that give no seed of their own
     # vLLM-style: {"method": "ngram"|"draft", "num_speculative_tokens": k, ...} (dict or JSON text)
     speculative_config: dict | str | None = None

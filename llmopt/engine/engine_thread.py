@@ -5,8 +5,8 @@ import threading
 from collections.abc import Callable
 
 from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.outputs import RequestOutput
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.engine.sequence import RequestOutput
 
 log = logging.getLogger(__name__)
 

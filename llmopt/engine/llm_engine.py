@@ -1,10 +1,13 @@
+"""The engine: requests in (from any thread), one batched step at a time, outputs out. Scheduling,
+the model, sampling, stopping and speculation each live in their own module; this one wires a step."""
+
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import queue
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,17 +19,21 @@ from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
 from llmopt.engine.model_runner import ModelRunner
+from llmopt.engine.outputs import EngineStats, RequestOutput
 from llmopt.engine.sampler import ban_stop_tokens, greedy_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import Scheduler
-from llmopt.engine.sequence import RequestOutput, Sequence
-from llmopt.engine.spec_decode import SpecStats, SpeculativeConfig, make_proposer, verify
+from llmopt.engine.sequence import Sequence
+from llmopt.engine.spec_decode import make_proposer
+from llmopt.engine.spec_decode.config import SpeculativeConfig
+from llmopt.engine.spec_decode.policy import proposal_room, record_acceptance
+from llmopt.engine.spec_decode.stats import SpecStats
+from llmopt.engine.spec_decode.verify import verify
+from llmopt.engine.stop import stop_reason
 
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[RequestOutput], None]
-MAX_SPEC_BACKOFF = 16  # steps without proposals after repeated rejections
-SPEC_PROBE_INTERVAL = 4  # steps between proposals while fewer than one token per proposal is accepted
 
 
 @dataclass
@@ -36,35 +43,12 @@ class Request:
     on_output: OutputCallback | None
 
 
-@dataclass
-class EngineStats:
-    """Counters since start-up (for /metrics and benchmarks)."""
-
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    prompt_tokens: int
-    generation_tokens: int
-    requests_finished: int  # with finish_reason stop or length
-    spec_drafts: int = 0  # verification steps with at least one proposed token
-    spec_draft_tokens: int = 0
-    spec_accepted_tokens: int = 0
-    spec_acceptance_by_position: list[float] | None = None
-    spec_mean_acceptance_length: float = 0.0
-
-
 class LLMEngine:
     """add_request / abort_request / step. Thread-safe to add and abort from other threads: requests
     queue up and join the batch at the start of the next step."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         self.model_dir = resolve_model(config.model)
         self.tokenizer = load_tokenizer(self.model_dir)
         model_max = int(getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", 8192))
@@ -138,7 +122,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in token_ids + params.stop_token_ids):
             raise ValueError(f"token ids must be in [0, {vocab})")
         request_id = request_id or f"req-{next(self._request_counter)}"
-        seq = Sequence(request_id, token_ids, params, seed=self.config.seed + hash(request_id) % 2**31)
+        seq = Sequence(request_id, token_ids, params, seed=request_seed(self.config.seed, request_id))
         self._new.put(Request(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop), on_output))
         return request_id
 
@@ -202,74 +186,53 @@ class LLMEngine:
         greedy = greedy_tokens(logits)  # one call for every row (one per sequence: 4 % of a 16-row step)
         now = time.perf_counter()
         for seq, n, start, count in zip(batch.seqs, batch.num_new_tokens, starts, counts):
-            seq_logits = logits[start : start + count]
             if count == 0:  # a prefill chunk with more to come
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
                 continue
-            if seq.spec_token_ids:
-                new_tokens, accepted = verify(
-                    seq_logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
-                )
-                self.spec_stats.record(len(seq.spec_token_ids), accepted)
-                self._adapt_speculation(seq, accepted)
-                # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
-                seq.num_computed_tokens += 1 + accepted
-                seq.spec_token_ids, seq.spec_draft_probs = [], None
-            else:
-                new_tokens = (
-                    greedy[start : start + count]
-                    if seq.params.greedy
-                    else sample_rows(seq_logits, seq.params, seq.generator)
-                )
-                seq.num_computed_tokens += n
-                seq.spec_draft_probs = None
+            new_tokens = self._next_tokens(
+                seq, n, logits[start : start + count], greedy[start : start + count]
+            )
             seq.token_ids.extend(new_tokens)
             self.block_manager.cache_full_blocks(seq)
             outputs.append(self._emit(seq, new_tokens, now))
         return outputs
+
+    def _next_tokens(self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int]) -> list[int]:
+        """The tokens `seq` gains from this step's `n` computed tokens and their `logits` rows: one sampled
+        token, or the accepted proposals and a corrected or bonus token."""
+        if not seq.spec_token_ids:
+            seq.num_computed_tokens += n
+            seq.spec_draft_probs = None
+            return greedy if seq.params.greedy else sample_rows(logits, seq.params, seq.generator)
+        new_tokens, accepted = verify(
+            logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
+        )
+        self.spec_stats.record(len(seq.spec_token_ids), accepted)
+        record_acceptance(seq, accepted)
+        # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
+        seq.num_computed_tokens += 1 + accepted
+        seq.spec_token_ids, seq.spec_draft_probs = [], None
+        return new_tokens
 
     def _propose(self) -> None:
         """Give every decoding sequence up to k proposed tokens to verify in this step."""
         k = self.speculative_config.num_speculative_tokens
         ready, ks = [], []
         for seq in self.scheduler.running:
-            if seq.spec_skip > 0:
-                seq.spec_skip -= 1
-                continue
-            if seq.num_computed_tokens == len(seq) - 1:
-                # Propose about one more token than this sequence has recently been accepting.
-                recent = k if seq.spec_accepted_ema is None else math.ceil(seq.spec_accepted_ema) + 1
-                room = min(
-                    k,
-                    recent,
-                    seq.params.max_tokens - seq.num_output_tokens - 1,
-                    self.max_model_len - len(seq) - 1,
-                )
-                if room > 0:
-                    ready.append(seq)
-                    ks.append(room)
+            room = proposal_room(seq, k, self.max_model_len)
+            if room > 0:
+                ready.append(seq)
+                ks.append(room)
         if ready:
             for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
                 seq.spec_token_ids, seq.spec_draft_probs = proposal.tokens, proposal.draft_probs
-
-    @staticmethod
-    def _adapt_speculation(seq: Sequence, accepted: int) -> None:
-        """Verifying k proposals costs k more rows in every layer's GEMMs (on this CPU about as much
-        as the tokens it may save), so a sequence whose proposals keep failing proposes less: after a
-        step with nothing accepted it pauses (1, 2, 4 ... steps), and while it accepts fewer than one
-        token per proposal on average it only probes every few steps. Greedy outputs are unchanged."""
-        ema = seq.spec_accepted_ema
-        seq.spec_accepted_ema = accepted if ema is None else 0.7 * ema + 0.3 * accepted
-        seq.spec_backoff = 0 if accepted else min(2 * seq.spec_backoff or 1, MAX_SPEC_BACKOFF)
-        seq.spec_skip = max(seq.spec_backoff, SPEC_PROBE_INTERVAL if seq.spec_accepted_ema < 1 else 0)
 
     def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
         """Hand out the tokens a step appended, stopping at the first one that finishes the request."""
         request = self._requests[seq.request_id]
         if seq.first_token_time is None:
             seq.first_token_time = now
-        params = seq.params
         start = len(seq) - len(tokens)
         reason = None
         emitted: list[int] = []
@@ -277,12 +240,9 @@ class LLMEngine:
             emitted.append(token)
             self.generation_tokens_total += 1
             length = start + len(emitted)
-            if token in self.eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
-                reason = "stop"
-            elif request.detokenizer.add(token) is not None:
-                reason = "stop"
-            elif length - seq.num_prompt_tokens >= params.max_tokens or length >= self.max_model_len:
-                reason = "length"
+            reason = stop_reason(
+                seq, token, length, request.detokenizer, self.eos_token_ids, self.max_model_len
+            )
             if reason is not None:
                 break
         if reason is not None:
@@ -335,3 +295,9 @@ class LLMEngine:
             spec_acceptance_by_position=self.spec_stats.acceptance_by_position(),
             spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
         )
+
+
+def request_seed(engine_seed: int, request_id: str) -> int:
+    """The sampling seed of a request that gives none: the same in every process (str hash() is salted
+    per process, so it would not reproduce a run)."""
+    return (engine_seed + zlib.crc32(request_id.encode())) % 2**63

@@ -6,8 +6,10 @@ from pathlib import Path
 import torch
 
 from llmopt.engine import kernels
+from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.models.llama import AttentionGroup, AttentionMetadata, load_model
+from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
+from llmopt.engine.models.loader import load_model
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
@@ -21,7 +23,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 class ModelRunner:
-    """Owns the model and the KV cache; turns a scheduled batch into tensors, runs it, samples."""
+    """Owns the model and the KV cache; turns a scheduled batch into tensors and runs it, returning the
+    logits rows the engine samples from (sampling lives in sampler.py)."""
 
     def __init__(self, config: EngineConfig, model_dir: Path, max_model_len: int):
         self.dtype = DTYPES[config.dtype]
@@ -73,7 +76,7 @@ class ModelRunner:
     def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
         """fp32 logits [len, vocab] at every position of `token_ids`, in one forward from an empty
         cache (what perplexity needs). It writes KV blocks 0..n: only for a runner no engine uses."""
-        num_blocks = -(-len(token_ids) // self.block_size)
+        num_blocks = num_blocks_for(len(token_ids), self.block_size)
         assert num_blocks <= self.num_kv_blocks, "the KV pool is smaller than the text"
         seq = Sequence("score", token_ids, SamplingParams(), seed=0)
         seq.block_table = list(range(num_blocks))
@@ -115,11 +118,11 @@ class ModelRunner:
         (the token's own key and value are in the cache by the time attention reads it)."""
         bs = self.block_size
         lens = torch.tensor([s.num_computed_tokens + i + 1 for s, n in seqs for i in range(n)])
-        blocks_per_row = -(-int(lens.max()) // bs)
+        blocks_per_row = num_blocks_for(int(lens.max()), bs)
         block_tables = torch.zeros(len(lens), blocks_per_row, dtype=torch.long)
         row = 0
         for s, n in seqs:
-            table = s.block_table[: -(-(s.num_computed_tokens + n) // bs)]
+            table = s.block_table[: num_blocks_for(s.num_computed_tokens + n, bs)]
             block_tables[row : row + n, : len(table)] = torch.tensor(table)
             row += n
         key_pos = torch.arange(blocks_per_row * bs)
@@ -129,10 +132,10 @@ class ModelRunner:
     def prefill_group(self, seqs: list[tuple[Sequence, int]]) -> AttentionGroup:
         bs = self.block_size
         context_lens = [s.num_computed_tokens + n for s, n in seqs]
-        blocks_per_seq = -(-max(context_lens) // bs)
+        blocks_per_seq = num_blocks_for(max(context_lens), bs)
         block_tables = torch.zeros(len(seqs), blocks_per_seq, dtype=torch.long)
         for i, (s, _) in enumerate(seqs):
-            table = s.block_table[: -(-context_lens[i] // bs)]
+            table = s.block_table[: num_blocks_for(context_lens[i], bs)]
             block_tables[i, : len(table)] = torch.tensor(table)
         lens = torch.tensor(context_lens)
         key_pos = torch.arange(blocks_per_seq * bs)

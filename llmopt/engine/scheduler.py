@@ -39,9 +39,6 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def schedule(self) -> ScheduledBatch:
         bm = self.block_manager
         budget = self.max_num_batched_tokens
@@ -60,7 +57,7 @@ class Scheduler:
                 if seq.spec_draft_probs is not None:
                     seq.spec_draft_probs = seq.spec_draft_probs[: len(seq.spec_token_ids)]
             num_new = min(len(seq) + len(seq.spec_token_ids) - seq.num_computed_tokens, budget)
-            while bm.blocks_needed(seq, seq.num_computed_tokens + num_new) > bm.num_free_blocks:
+            while not bm.allocate(seq, seq.num_computed_tokens + num_new):
                 victim = next(s for s in reversed(self.running) if id(s) not in scheduled)
                 self.preempt(victim)
                 preempted = True
@@ -68,7 +65,6 @@ class Scheduler:
                     break
             if seq.status != SequenceStatus.RUNNING:
                 continue
-            bm.allocate(seq, seq.num_computed_tokens + num_new)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             scheduled.add(id(seq))
@@ -76,16 +72,11 @@ class Scheduler:
 
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            cached = bm.take_cached_prefix(seq)
-            num_new = min(len(seq) - seq.num_computed_tokens, budget)
-            if bm.blocks_needed(seq, seq.num_computed_tokens + num_new) > bm.num_free_blocks:
-                bm.free(seq)  # give the cached blocks back; try again once blocks are freed
+            num_new = bm.admit(seq, budget)
+            if num_new is None:  # too few free blocks: try again once some are freed
                 break
-            bm.allocate(seq, seq.num_computed_tokens + num_new)
-            bm.prefix_cache_queries += len(seq)
-            bm.prefix_cache_hits += cached
             if seq.num_preemptions == 0:
-                seq.num_cached_tokens = cached
+                seq.num_cached_tokens = seq.num_computed_tokens
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

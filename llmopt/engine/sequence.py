@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -50,27 +49,5 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
-
-    @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status == SequenceStatus.FINISHED
-
-
-@dataclass
-class RequestOutput:
-    """What one engine step produced for one request: a text delta and, at the end, the totals."""
-
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0

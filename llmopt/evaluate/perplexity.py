@@ -39,15 +39,16 @@ def window_nll(logits: torch.Tensor, window: Window) -> tuple[float, int]:
 
 
 def engine_scorer(model_dir: Path, seq_len: int):
+    from llmopt.engine.block_manager import num_blocks_for
     from llmopt.engine.config import EngineConfig
     from llmopt.engine.model_runner import ModelRunner
 
-    config = EngineConfig(num_kv_blocks=-(-seq_len // 16), block_size=16)
+    config = EngineConfig(num_kv_blocks=num_blocks_for(seq_len, 16), block_size=16)
     runner = ModelRunner(config, model_dir, max_model_len=seq_len)
     return runner.prompt_logits
 
 
-def transformers_scorer(model_dir: Path, seq_len: int):
+def transformers_scorer(model_dir: Path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -76,7 +77,7 @@ def perplexity(
     model_dir = resolve_model(model)
     windows = eval_windows(split_tokens(load_tokenizer(model_dir), data).evaluation, seq_len, num_windows)
     start = time.perf_counter()
-    score = (engine_scorer if backend == "engine" else transformers_scorer)(model_dir, seq_len)
+    score = engine_scorer(model_dir, seq_len) if backend == "engine" else transformers_scorer(model_dir)
     total_nll, total_tokens = 0.0, 0
     for window in windows:
         nll, count = window_nll(score(window.token_ids), window)

@@ -104,3 +104,26 @@ def test_prefix_caching_off_never_shares():
     assert run_prefill(bm, a) == 0 and run_prefill(bm, b) == 0
     assert not set(a.block_table) & set(b.block_table)
     assert not bm.hash_to_block_id
+
+
+def test_allocation_beyond_the_free_blocks_is_refused_and_changes_nothing():
+    bm = BlockManager(num_blocks=3, block_size=4)
+    s = seq(list(range(6)))
+    assert bm.allocate(s, 6) and len(s.block_table) == 2
+    assert not bm.allocate(s, 13)  # needs 2 more, 1 is free
+    assert len(s.block_table) == 2 and bm.num_free_blocks == 1
+
+
+def test_admission_that_does_not_fit_gives_the_cached_prefix_back():
+    bm = BlockManager(num_blocks=3, block_size=4)
+    first = seq(list(range(9)), "a")
+    assert bm.admit(first, max_new_tokens=64) == 9
+    first.num_computed_tokens = 9
+    bm.cache_full_blocks(first)
+    bm.free(first)
+    again = seq(list(range(8)) + list(range(100, 120)), "b")  # shares 2 blocks, needs 7 in all
+    assert bm.admit(again, max_new_tokens=64) is None
+    assert again.block_table == [] and again.num_computed_tokens == 0
+    assert bm.num_free_blocks == 3 and (bm.prefix_cache_queries, bm.prefix_cache_hits) == (9, 0)
+    assert bm.admit(again, max_new_tokens=4) == 4  # a chunk fits: the cached 8 tokens are hits
+    assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (9 + 28, 8)

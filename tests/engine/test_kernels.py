@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
+from llmopt.engine.layers.attention import rotate_half
+from llmopt.engine.layers.linear import pack_panels
 from llmopt.engine.model_runner import MAX_DECODE_QUERIES, ModelRunner
-from llmopt.engine.models.llama import pack_panels, rotate_half
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
 
@@ -101,3 +106,24 @@ def test_kernels_refuse_bad_shapes():
         torch.ops.llmopt.silu_mul(torch.randn(3, 7))
     with pytest.raises(RuntimeError, match="shapes"):
         torch.ops.llmopt.packed_linear(torch.randn(2, 63), pack_panels(torch.randn(64, 32)), 32)
+
+
+def test_building_the_kernels_leaves_path_as_it_was():
+    before = os.environ["PATH"]
+    kernels.build()
+    assert os.environ["PATH"] == before
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_a_failed_build_is_an_error_only_when_kernels_are_required(tmp_path, required):
+    # A compiler that always fails, and an empty build cache, so the build really runs.
+    env = {**os.environ, "CXX": "/bin/false", "LLMOPT_CACHE": str(tmp_path)}
+    env.pop("LLMOPT_REQUIRE_KERNELS", None)
+    if required:
+        env["LLMOPT_REQUIRE_KERNELS"] = "1"
+    code = "from llmopt.engine import kernels; print(kernels.load())"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    if required:
+        assert result.returncode != 0 and "LLMOPT_REQUIRE_KERNELS" in result.stderr
+    else:
+        assert result.returncode == 0 and result.stdout.strip() == "False"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from llmopt.engine.llm import LLM
@@ -193,3 +197,19 @@ def test_min_tokens_holds_back_eos(llm, temperature):
         [prompt], SamplingParams(max_tokens=40, min_tokens=30, temperature=temperature, seed=3)
     )
     assert len(held.token_ids) >= 30
+
+
+def test_unseeded_requests_draw_the_same_seed_in_every_process():
+    # str hash() is salted per process (PYTHONHASHSEED); a request's default seed must not be.
+    code = "from llmopt.engine.llm_engine import request_seed; print(request_seed(0, 'req-7'))"
+    seeds = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": salt},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for salt in ("1", "2")
+    }
+    assert len(seeds) == 1

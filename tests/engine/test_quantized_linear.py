@@ -12,15 +12,11 @@ import torch
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from safetensors.torch import load_file, save_file
 
-from llmopt.engine.layers.quantized_linear import (
-    AWQ_ORDER,
-    DEQUANTIZE_FROM_ROWS,
-    QuantizedLinear,
-    QuantizedWeight,
-    take_awq,
-    take_compressed_tensors,
-    take_gptq,
-)
+from llmopt.engine.formats.awq import AWQ_ORDER, take_awq
+from llmopt.engine.formats.compressed_tensors import take_compressed_tensors
+from llmopt.engine.formats.gptq import take_gptq
+from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 from llmopt.evaluate.perplexity import engine_scorer
 
 
@@ -202,7 +198,7 @@ def test_w8a8_checkpoints_serve_with_int8_weights(tmp_path, model_dir, int8_dir,
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from transformers import AutoModelForCausalLM
 
-    from llmopt.engine.models.llama import load_model
+    from llmopt.engine.models.loader import load_model
     from llmopt.evaluate.perplexity import perplexity
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)

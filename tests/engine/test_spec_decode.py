@@ -13,7 +13,9 @@ import torch
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.sequence import Sequence
-from llmopt.engine.spec_decode import NgramProposer, SpeculativeConfig, verify
+from llmopt.engine.spec_decode.config import SpeculativeConfig
+from llmopt.engine.spec_decode.ngram import NgramProposer
+from llmopt.engine.spec_decode.verify import verify
 from tests.conftest import PROMPTS
 
 # Prompts whose continuations repeat what came before, so that n-gram lookups find proposals.
@@ -143,6 +145,12 @@ def test_a_draft_with_another_vocabulary_is_refused(model_dir, tmp_path):
     spec = json.dumps({"method": "draft", "model": str(tmp_path), "num_speculative_tokens": 2})
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(model_dir), num_kv_blocks=32, speculative_config=spec)
+
+
+def test_json_config_takes_the_dataclass_defaults():
+    parsed = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert parsed == SpeculativeConfig("ngram", 3)
+    assert parsed.prompt_lookup_min == 2
 
 
 def test_ngram_lookup_finds_the_latest_longest_match():

@@ -1,29 +1,14 @@
-"""Quantized linear layers for the engine: read the checkpoint formats users have, run them with
-PyTorch's CPU weight-only kernels.
-
-Every format is first brought to one canonical form, `QuantizedWeight` (unsigned integers with a scale
-and a zero point per group of input columns: w = (q - zero) * scale), so the engine can fuse q/k/v and
-gate/up of quantized models exactly as it does for dense ones, and so one code path picks the kernel.
-
-Formats read:
-- compressed-tensors (what llm-compressor and `llmopt quantize` write, what vLLM loads):
-  `pack-quantized` (weight_packed int32, any bits, symmetric or with weight_zero_point) and
-  `int-quantized` / `naive-quantized` (int8 weight).
-- GPTQ as GPTQModel and AutoGPTQ write it: qweight [in/8, out], qzeros [groups, out/8] (v1 stores
-  zero - 1), scales [groups, out], g_idx.
-- AutoAWQ's GEMM format: qweight [in, out/8] and qzeros with AWQ's nibble order, scales [groups, out].
-"""
+"""Quantized linear layers for the engine: the canonical quantized weight (llmopt/engine/formats) run with
+PyTorch's CPU weight-only kernels, or dequantized where no kernel fits or the batch is prefill-sized."""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+
+from llmopt.engine.formats.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
@@ -31,41 +16,6 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)  # what aten's CPU int4 kernel accepts
 # From this many rows on (prefill), dequantizing a layer and running fp32 GEMM beats the weight-only
 # kernels, which are built for decode (measured at 512 rows: int4 kernel 2.2x slower than fp32 GEMM).
 DEQUANTIZE_FROM_ROWS = 128
-AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column j of an AWQ int32 is its nibble AWQ_ORDER[j]
-
-
-@dataclass
-class QuantizedWeight:
-    """Integers in [0, 2**bits) with a scale and zero point per group of input columns."""
-
-    q: torch.Tensor  # uint8 [out, in]
-    scale: torch.Tensor  # float32 [out, in // group_size]
-    zero: torch.Tensor  # float32 [out, in // group_size], in units of q
-    bits: int
-    group_size: int
-
-    def __post_init__(self) -> None:
-        out_features, in_features = self.q.shape
-        assert in_features % self.group_size == 0, (in_features, self.group_size)
-        assert self.scale.shape == self.zero.shape == (out_features, in_features // self.group_size)
-
-    def dequantize(self) -> torch.Tensor:
-        """fp32 weight [out, in]."""
-        scale = self.scale.repeat_interleave(self.group_size, dim=1)
-        zero = self.zero.repeat_interleave(self.group_size, dim=1)
-        return (self.q.float() - zero) * scale
-
-    @staticmethod
-    def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """Stack along the output dimension (fused q/k/v or gate/up)."""
-        assert len({(p.bits, p.group_size) for p in parts}) == 1, "fused parts differ in bits or groups"
-        return QuantizedWeight(
-            torch.cat([p.q for p in parts]),
-            torch.cat([p.scale for p in parts]),
-            torch.cat([p.zero for p in parts]),
-            parts[0].bits,
-            parts[0].group_size,
-        )
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -147,139 +97,3 @@ def int4_pack_block() -> int:
     probe[16, 0] = 1
     packed = torch._convert_weight_to_int4pack_for_cpu(probe, 1).flatten()
     return 32 if int(packed[0]) == 16 else 64  # with 32-row blocks row 16 is byte 0's high nibble
-
-
-def checkpoint_quantization(model_dir: Path) -> dict | None:
-    """The quantization config of a checkpoint folder (None when it is dense): config.json's
-    `quantization_config`, or the `quantize_config.json` that older GPTQ tools write beside it."""
-    qconfig = json.loads((model_dir / "config.json").read_text()).get("quantization_config")
-    legacy = model_dir / "quantize_config.json"
-    if not qconfig and legacy.is_file():
-        qconfig = {"quant_method": "gptq", **json.loads(legacy.read_text())}
-    if not qconfig:
-        return None
-    method = qconfig.get("quant_method")
-    if method not in ("compressed-tensors", "gptq", "awq"):
-        raise ValueError(
-            f"quantization method {method!r} is not supported: llmopt serves compressed-tensors, GPTQ and AWQ"
-        )
-    return qconfig
-
-
-def take_quantized(weights: dict[str, torch.Tensor], prefix: str, qconfig: dict) -> QuantizedWeight | None:
-    """Pop the tensors of the linear layer `prefix` (e.g. 'model.layers.0.self_attn.q_proj') and return
-    its canonical form, or None when that layer is stored dense (an ignored layer)."""
-    method = qconfig["quant_method"]
-    if method == "compressed-tensors":
-        return take_compressed_tensors(weights, prefix, qconfig)
-    if prefix + ".qweight" not in weights:
-        return None
-    if method == "gptq":
-        return take_gptq(weights, prefix, qconfig)
-    return take_awq(weights, prefix, qconfig)
-
-
-def compressed_tensors_args(qconfig: dict, prefix: str) -> dict:
-    """The weight quantization arguments of the config group that covers `prefix`."""
-    groups = list(qconfig["config_groups"].values())
-    layer = prefix.rsplit(".", 1)[-1]
-
-    def covers(target: str) -> bool:
-        if target.startswith("re:"):
-            return re.match(target[3:], prefix) is not None
-        return target in ("Linear", layer, prefix)
-
-    for group in groups:
-        if any(covers(t) for t in group["targets"]):
-            return group["weights"]
-    if len(groups) == 1:
-        return groups[0]["weights"]
-    raise ValueError(f"no quantization config group covers {prefix}")
-
-
-def take_compressed_tensors(weights: dict, prefix: str, qconfig: dict) -> QuantizedWeight | None:
-    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
-
-    if prefix + ".weight_scale" not in weights:
-        return None
-    args = compressed_tensors_args(qconfig, prefix)
-    bits = args["num_bits"]
-    if args.get("type", "int") != "int":
-        raise ValueError(f"{prefix}: {args.get('type')} weights are not supported (integer only)")
-    scale = weights.pop(prefix + ".weight_scale").float()
-    if prefix + ".weight_packed" in weights:
-        shape = torch.Size(weights.pop(prefix + ".weight_shape").tolist())
-        signed = unpack_from_int32(weights.pop(prefix + ".weight_packed"), bits, shape)
-    else:
-        signed = weights.pop(prefix + ".weight")
-    out_features = signed.shape[0]
-    scale = scale.reshape(out_features, -1)
-    offset = 2 ** (bits - 1)  # compressed-tensors stores signed integers
-    zero_point = weights.pop(prefix + ".weight_zero_point", None)
-    if zero_point is None:
-        zero = torch.full_like(scale, float(offset))
-    else:
-        if zero_point.dtype == torch.int32:  # pack-quantized packs zero points along the output dim
-            zero_point = unpack_from_int32(zero_point, bits, scale.shape, packed_dim=0)
-        zero = zero_point.reshape(scale.shape).float() + offset
-    q = (signed.to(torch.int16) + offset).to(torch.uint8)
-    return grouped(q, scale, zero, weights.pop(prefix + ".weight_g_idx", None), bits)
-
-
-def grouped(
-    q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, g_idx: torch.Tensor | None, bits: int
-) -> QuantizedWeight:
-    """Canonical weight from [out, in] integers and [out, groups] scales and zeros. Act-order
-    checkpoints assign input columns to groups out of order (g_idx); the kernels need contiguous
-    groups, so such a layer gets a scale per column (group size 1: exact, run by the dense fallback)."""
-    q = q.to(torch.uint8)
-    in_features = q.shape[1]
-    group_size = in_features // scale.shape[1]
-    if g_idx is None or torch.equal(g_idx.long(), torch.arange(in_features) // group_size):
-        return QuantizedWeight(q, scale.contiguous(), zero.contiguous(), bits, group_size)
-    g_idx = g_idx.long()
-    return QuantizedWeight(q, scale[:, g_idx], zero[:, g_idx], bits, 1)
-
-
-def unpack_int32_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """[R, C] int32 holding 32/bits values each along the rows -> [R * 32/bits, C] (value k of a word
-    is row 32/bits * r + k, lowest bits first), as GPTQ packs qweight."""
-    per_word = 32 // bits
-    shifts = torch.arange(0, 32, bits, dtype=torch.int32)
-    values = (packed.unsqueeze(1) >> shifts[None, :, None]) & (2**bits - 1)
-    return values.reshape(packed.shape[0] * per_word, packed.shape[1])
-
-
-def unpack_int32_cols(packed: torch.Tensor, bits: int) -> torch.Tensor:
-    """[R, C] int32 -> [R, C * 32/bits], value k of word c being column 32/bits * c + k."""
-    return unpack_int32_rows(packed.t().contiguous(), bits).t()
-
-
-def take_gptq(weights: dict, prefix: str, qconfig: dict) -> QuantizedWeight:
-    bits = qconfig["bits"]
-    if bits not in (2, 4, 8):
-        raise ValueError(f"GPTQ with {bits} bits is not supported (2, 4 or 8)")
-    q = unpack_int32_rows(weights.pop(prefix + ".qweight"), bits).t()  # [out, in]
-    zeros = unpack_int32_cols(weights.pop(prefix + ".qzeros"), bits)  # [groups, out]
-    scales = weights.pop(prefix + ".scales").float()  # [groups, out]
-    if qconfig.get("checkpoint_format", "gptq") == "gptq":
-        zeros = zeros + 1  # GPTQ v1 stores zero - 1
-    zeros = zeros[:, : q.shape[0]].t().float()
-    return grouped(q, scales.t(), zeros, weights.pop(prefix + ".g_idx", None), bits)
-
-
-def take_awq(weights: dict, prefix: str, qconfig: dict) -> QuantizedWeight:
-    bits = qconfig.get("bits", qconfig.get("w_bit", 4))
-    if bits != 4 or qconfig.get("version", "gemm").lower() != "gemm":
-        raise ValueError("only AutoAWQ's 4-bit GEMM format is supported")
-    order = torch.tensor(AWQ_ORDER)
-
-    def unpack(packed: torch.Tensor) -> torch.Tensor:
-        values = unpack_int32_cols(packed, bits)  # columns in AWQ's interleaved order
-        rows, cols = values.shape
-        return values.view(rows, cols // 8, 8)[:, :, order].reshape(rows, cols)
-
-    q = unpack(weights.pop(prefix + ".qweight")).t()  # [out, in]
-    zeros = unpack(weights.pop(prefix + ".qzeros")).t().float()  # [out, groups]
-    scales = weights.pop(prefix + ".scales").float().t()
-    return grouped(q, scales, zeros, None, bits)

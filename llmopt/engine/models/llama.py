@@ -8,95 +8,23 @@ reading keys and values from the paged cache through block tables.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-from transformers import AutoConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
-from llmopt.engine.layers.quantized_linear import (
-    DEQUANTIZE_FROM_ROWS,
-    QuantizedLinear,
-    QuantizedWeight,
-    checkpoint_quantization,
-    take_quantized,
-)
+from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rotate_half
+from llmopt.engine.layers.linear import PANEL, kernel_weights, matmul, pack_panels
+from llmopt.engine.layers.norm import rms_norm
+from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
 log = logging.getLogger(__name__)
-PANEL = 32  # output columns per panel of a packed dense weight (kPanel in cpu_kernels.cpp)
 LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
-NO_SCALES = torch.empty(0)  # the scales slot of a dense weight in decode_layers
-
-
-@dataclass
-class AttentionGroup:
-    """Queries attended together, keys read through block tables. The decode group has one row per
-    query (B = its tokens, Q = 1); the prefill group one per sequence, queries padded to [B, Q]."""
-
-    block_tables: torch.Tensor  # [B, blocks_per_seq] block ids, padded with block 0
-    context_lens: torch.Tensor  # [B] tokens each row attends to
-    mask: torch.Tensor | None  # [B, 1, Q, blocks_per_seq * block_size] True where a query may attend
-    query_index: torch.Tensor | None  # [B, Q] flat rows of the group's queries (None: one query each)
-    valid_index: torch.Tensor | None  # [tokens] positions of real queries in the padded [B * Q] rows
-
-
-@dataclass
-class AttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] cache slot (block * block_size + offset) of every new token
-    cos: torch.Tensor  # [T, 1, head_dim]
-    sin: torch.Tensor
-    num_decode_tokens: int  # the first rows of the batch attend one query row at a time (decode group)
-    use_kernels: bool  # compiled kernels (llmopt/engine/csrc) for attention and element-wise steps
-    decode: AttentionGroup | None
-    prefill: AttentionGroup | None
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def matmul(
-    x: torch.Tensor, weight_t: torch.Tensor | QuantizedLinear, bias: torch.Tensor | None = None
-) -> torch.Tensor:
-    if isinstance(weight_t, QuantizedLinear):
-        return weight_t(x, bias)
-    if weight_t.dim() == 3:  # packed in panels for the compiled kernel (see pack_panels)
-        out = torch.ops.llmopt.packed_linear(x, weight_t, weight_t.shape[0] * PANEL)
-        return out if bias is None else out.add_(bias)
-    # Dense weights are stored transposed ([in, out]): MKL's GEMM on that layout is 2-4x faster than
-    # F.linear's [out, in] for the skinny batches of decoding (measured at 16 rows on this CPU).
-    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
-
-
-def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
-    """[in, out] -> [out / 32, in, 32]: each group of 32 output columns contiguous, as packed_linear
-    in llmopt/engine/csrc reads them."""
-    k, n = weight_t.shape
-    assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
-    return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
 
 
 def layer_linears(layer: DecoderLayer) -> tuple[torch.Tensor | QuantizedLinear, ...]:
     return layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight
-
-
-def kernel_weights(weight: torch.Tensor | QuantizedLinear) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(weight, scales) of a linear as decode_layers takes it; None where it has no compiled kernel."""
-    if isinstance(weight, QuantizedLinear):
-        return weight.kernel_weights()
-    return (weight, NO_SCALES) if weight.dim() == 3 else None
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, compiled: bool) -> torch.Tensor:
-    # F.rms_norm runs six ATen ops on CPU (about 17 us for one row here); the compiled kernel one (5 us).
-    if compiled:
-        return torch.ops.llmopt.rms_norm(x, weight, eps)
-    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 class DecoderLayer(torch.nn.Module):
@@ -159,45 +87,8 @@ class DecoderLayer(torch.nn.Module):
             k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
 
-        out = torch.empty_like(q)
-        n_dec = meta.num_decode_tokens
-        if meta.decode is not None and meta.use_kernels:
-            q_dec = q[:n_dec].contiguous()
-            out[:n_dec] = torch.ops.llmopt.paged_decode_attention(
-                q_dec,
-                k_cache,
-                v_cache,
-                meta.decode.block_tables,
-                meta.decode.context_lens,
-                self.head_dim**-0.5,
-            )
-        elif meta.decode is not None:
-            out[:n_dec] = self.attend_decode(q[:n_dec], k_cache, v_cache, meta.decode)
-        if meta.prefill is not None:
-            out[n_dec:] = self.attend_prefill(q[n_dec:], k_cache, v_cache, meta.prefill)
+        out = paged_attention(q, k_cache, v_cache, meta, kv_heads, dim)
         return matmul(out.view(num_tokens, -1), self.o_weight)
-
-    def gather(self, cache: torch.Tensor, group: AttentionGroup, batch: int) -> torch.Tensor:
-        # index_select copies whole blocks at memcpy speed (3x faster than advanced indexing here).
-        blocks = torch.index_select(cache, 0, group.block_tables.flatten())
-        return blocks.view(batch, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-
-    def attend_decode(self, q, k_cache, v_cache, group: AttentionGroup) -> torch.Tensor:
-        # One query per sequence: fold the query heads that share a KV head into that head's query
-        # rows, which is an ordinary (non-GQA) attention and the fastest SDPA path on CPU.
-        batch = q.shape[0]
-        group_size = self.num_heads // self.num_kv_heads
-        k, v = self.gather(k_cache, group, batch), self.gather(v_cache, group, batch)
-        qf = q.view(batch, self.num_kv_heads, group_size, self.head_dim)
-        out = F.scaled_dot_product_attention(qf, k, v, attn_mask=group.mask)
-        return out.reshape(batch, self.num_heads, self.head_dim)
-
-    def attend_prefill(self, q, k_cache, v_cache, group: AttentionGroup) -> torch.Tensor:
-        batch, max_q = group.query_index.shape
-        k, v = self.gather(k_cache, group, batch), self.gather(v_cache, group, batch)
-        qp = q[group.query_index].transpose(1, 2)  # [B, heads, Q, head_dim]
-        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=group.mask, enable_gqa=True)
-        return out.transpose(1, 2).reshape(batch * max_q, self.num_heads, self.head_dim)[group.valid_index]
 
 
 class LlamaForCausalLM(torch.nn.Module):
@@ -284,82 +175,3 @@ class LlamaForCausalLM(torch.nn.Module):
         freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * scaling, emb.sin() * scaling
-
-
-def read_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    index = model_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else None
-    files = files or [p.name for p in sorted(model_dir.glob("*.safetensors"))]
-    if not files:
-        raise FileNotFoundError(f"no .safetensors files in {model_dir}")
-    weights: dict[str, torch.Tensor] = {}
-    for name in files:
-        weights.update(load_file(model_dir / name))
-    return weights
-
-
-def load_model(model_dir: Path, dtype: torch.dtype) -> LlamaForCausalLM:
-    config = AutoConfig.from_pretrained(model_dir)
-    weights = read_safetensors(model_dir)
-    qconfig = checkpoint_quantization(model_dir)
-
-    def take(name: str) -> torch.Tensor:
-        return weights.pop(name).to(dtype)
-
-    def linear(prefix: str, *names: str) -> torch.nn.Parameter | QuantizedLinear:
-        """One (fused) linear layer from the checkpoint's layers `prefix + name`, stored [in, out]."""
-        quantized = [take_quantized(weights, prefix + n, qconfig) for n in names] if qconfig else []
-        if quantized and all(quantized):
-            return QuantizedLinear(QuantizedWeight.cat(quantized), prefix + "+".join(names))
-        # A dense layer, or (rarely) a fusion of dense and quantized parts: run it dense.
-        parts = [
-            q.dequantize().to(dtype) if q is not None else take(prefix + n + ".weight")
-            for q, n in zip(quantized or [None] * len(names), names)
-        ]
-        return torch.nn.Parameter(torch.cat(parts).t().contiguous(), requires_grad=False)
-
-    def set_linear(module: torch.nn.Module, attr: str, value: torch.nn.Parameter | QuantizedLinear) -> None:
-        if isinstance(value, QuantizedLinear):
-            delattr(module, attr)  # a quantized layer replaces the dense parameter declared in __init__
-        setattr(module, attr, value)
-
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.embed = torch.nn.Parameter(take("model.embed_tokens.weight"), requires_grad=False)
-    model.norm = torch.nn.Parameter(take("model.norm.weight"), requires_grad=False)
-    tied = getattr(config, "tie_word_embeddings", False) or not any(n.startswith("lm_head.") for n in weights)
-    if not tied:
-        set_linear(model, "lm_head_t", linear("", "lm_head"))
-    else:
-        weights.pop("lm_head.weight", None)
-        model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
-    for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-
-        def param(*names: str, prefix: str = p) -> torch.nn.Parameter:
-            return torch.nn.Parameter(torch.cat([take(prefix + n) for n in names]), requires_grad=False)
-
-        set_linear(layer, "qkv_weight", linear(p + "self_attn.", "q_proj", "k_proj", "v_proj"))
-        if p + "self_attn.q_proj.bias" in weights:
-            attn = "self_attn."
-            layer.qkv_bias = param(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
-        set_linear(layer, "o_weight", linear(p + "self_attn.", "o_proj"))
-        set_linear(layer, "gate_up_weight", linear(p + "mlp.", "gate_proj", "up_proj"))
-        set_linear(layer, "down_weight", linear(p + "mlp.", "down_proj"))
-        layer.input_norm = param("input_layernorm.weight")
-        layer.post_attention_norm = param("post_attention_layernorm.weight")
-        if p + "self_attn.q_norm.weight" in weights:
-            layer.q_norm = param("self_attn.q_norm.weight")
-            layer.k_norm = param("self_attn.k_norm.weight")
-    # Static activation scales of W8A8 checkpoints: the CPU kernels quantize weights only.
-    activation_scales = [n for n in weights if n.endswith((".input_scale", ".input_zero_point"))]
-    for name in activation_scales:
-        del weights[name]
-    groups = (qconfig or {}).get("config_groups", {}).values()
-    if activation_scales or any(group.get("input_activations") for group in groups):
-        log.warning(
-            "activation quantization is ignored on CPU: weights stay quantized, activations run in bf16"
-        )
-    leftover = [n for n in weights if "rotary_emb" not in n]
-    assert not leftover, f"weights the model does not use: {leftover[:5]}"
-    return model.eval()

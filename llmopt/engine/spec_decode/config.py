@@ -1,0 +1,46 @@
+"""`--speculative-config`, vLLM-style JSON: method, k, n-gram bounds, draft model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+METHODS = ("ngram", "draft")
+OPTIONAL = ("prompt_lookup_min", "prompt_lookup_max", "model")  # keys whose defaults are the dataclass's
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 2  # single-token matches are mostly noise in free text
+    prompt_lookup_max: int = 4
+    model: str | None = None  # the draft model: any model llmopt loads
+
+    @classmethod
+    def parse(cls, value: str | dict | None) -> SpeculativeConfig | None:
+        """From vLLM-style JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'."""
+        if value is None or value == "":
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"speculative config is not valid JSON: {exc.msg}") from None
+        if not isinstance(value, dict):
+            raise ValueError("speculative config must be a JSON object")
+        unknown = set(value) - {"method", "num_speculative_tokens", *OPTIONAL}
+        if unknown:
+            raise ValueError(f"unknown speculative config keys: {', '.join(sorted(unknown))}")
+        method = value.get("method")
+        if method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, not {method!r}")
+        k = value.get("num_speculative_tokens")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError("num_speculative_tokens must be an integer >= 1")
+        config = cls(method=method, num_speculative_tokens=k, **{n: value[n] for n in OPTIONAL if n in value})
+        if not 1 <= config.prompt_lookup_min <= config.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if method == "draft" and not config.model:
+            raise ValueError('the draft method needs "model": a model folder, .gguf file or alias')
+        return config
