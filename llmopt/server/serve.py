@@ -10,7 +10,8 @@ import uvicorn
 from llmopt.checkpoints import DEFAULT_MODEL
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.server.app import ServerSettings, create_app
+from llmopt.server.app import create_app
+from llmopt.server.settings import ServerSettings
 
 log = logging.getLogger("llmopt.serve")
 

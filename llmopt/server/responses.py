@@ -1,0 +1,167 @@
+"""Response bodies of /v1/completions and /v1/chat/completions: the JSON body, or server-sent events
+(one chunk per text delta, then usage if asked, then [DONE]). The two endpoints differ only in what
+a ResponseShape says; the rest, usage included, is written once for both."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from llmopt.engine.outputs import RequestOutput
+from llmopt.server.errors import aborted_error
+from llmopt.server.protocol import SamplingRequest
+from llmopt.server.request_group import RequestGroup
+
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass
+class Usage:
+    """Token totals of one response; a prompt shared by n choices counts once, as OpenAI counts it."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, output: RequestOutput, index: int, n_per_prompt: int) -> None:
+        if not output.finished:  # only a request's last output carries its totals
+            return
+        self.completion_tokens += output.output_tokens
+        if index % n_per_prompt == 0:
+            self.prompt_tokens += output.prompt_tokens
+            self.cached_tokens += output.cached_tokens
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """What tells one endpoint's responses from the other's."""
+
+    object: str  # the JSON body's "object"
+    chunk_object: str  # each stream chunk's "object"
+    id_prefix: str
+    content: Callable[[str], dict]  # a choice's whole text, in the JSON body
+    delta: Callable[[str], dict]  # a piece of a choice's text, in a stream chunk
+    opening: Callable[[], dict] | None  # what each choice's stream opens with, before any text
+
+    def choice(self, index: int, body: dict, finish_reason: str | None) -> dict:
+        return {"index": index, **body, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _chat_delta(text: str) -> dict:
+    return {"delta": {"content": text} if text else {}}
+
+
+def _chat_opening() -> dict:
+    # OpenAI's first chunk names the role, so that clients know whose message the deltas build.
+    return {"delta": {"role": "assistant", "content": ""}}
+
+
+TEXT_COMPLETION = ResponseShape(
+    object="text_completion",
+    chunk_object="text_completion",
+    id_prefix="cmpl-",
+    content=lambda text: {"text": text},
+    delta=lambda text: {"text": text},
+    opening=None,
+)
+CHAT_COMPLETION = ResponseShape(
+    object="chat.completion",
+    chunk_object="chat.completion.chunk",
+    id_prefix="chatcmpl-",
+    content=lambda text: {"message": {"role": "assistant", "content": text}},
+    delta=_chat_delta,
+    opening=_chat_opening,
+)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the body and every chunk of one response share."""
+
+    shape: ResponseShape
+    model: str
+    id: str
+    created: int
+
+    @classmethod
+    def new(cls, shape: ResponseShape, model: str) -> Reply:
+        return cls(shape, model, shape.id_prefix + uuid.uuid4().hex, int(time.time()))
+
+    def body(self, object_: str, choices: list[dict]) -> dict:
+        return {
+            "id": self.id,
+            "object": object_,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+
+async def respond(req: SamplingRequest, group: RequestGroup, shape: ResponseShape, model: str) -> Response:
+    reply = Reply.new(shape, model)
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(stream(group, reply, include_usage), media_type="text/event-stream")
+    return await complete(group, reply)
+
+
+async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
+    """The whole response at once, after every choice has finished."""
+    texts = [""] * len(group.request_ids)
+    finish: list[str | None] = [None] * len(group.request_ids)
+    usage = Usage()
+    async for index, out in group.outputs():
+        texts[index] += out.new_text
+        if out.finished:
+            if out.finish_reason == "abort":
+                raise aborted_error(group.engine_thread.stopping)
+            finish[index] = out.finish_reason
+        usage.add(out, index, group.n_per_prompt)
+    shape = reply.shape
+    choices = [shape.choice(i, shape.content(t), f) for i, (t, f) in enumerate(zip(texts, finish))]
+    return JSONResponse({**reply.body(shape.object, choices), "usage": usage.to_dict()})
+
+
+async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+    """Server-sent events; an engine abort mid-stream (the status line is long sent) is an error event."""
+    shape = reply.shape
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> str:
+        body = reply.body(shape.chunk_object, choices)
+        if include_usage:  # OpenAI's clients expect usage on every chunk then, null until the last
+            body["usage"] = usage
+        return _event(body)
+
+    if shape.opening is not None:
+        yield chunk([shape.choice(i, shape.opening(), None) for i in range(len(group.request_ids))])
+    usage = Usage()
+    async for index, out in group.outputs():
+        if out.finished and out.finish_reason == "abort":
+            error = aborted_error(group.engine_thread.stopping)
+            yield _event({"error": {"message": error.message, "type": error.type}})
+            yield DONE
+            return
+        if out.new_text or out.finished:
+            finish = out.finish_reason if out.finished else None
+            yield chunk([shape.choice(index, shape.delta(out.new_text), finish)])
+        usage.add(out, index, group.n_per_prompt)
+    if include_usage:
+        yield chunk([], usage.to_dict())
+    yield DONE
+
+
+def _event(body: dict) -> str:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"

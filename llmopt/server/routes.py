@@ -1,0 +1,99 @@
+"""The HTTP routes: /health and /metrics (open), /v1/models, /v1/completions and /v1/chat/completions.
+Each generation route validates, builds the prompt tokens, admits the request and responds."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from llmopt.engine.engine_thread import EngineThread
+from llmopt.engine.llm_engine import LLMEngine
+from llmopt.server.admission import Admission
+from llmopt.server.errors import APIError
+from llmopt.server.metrics import ServerMetrics
+from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, respond
+from llmopt.server.settings import ServerSettings
+
+
+def build_router(
+    engine: LLMEngine, engine_thread: EngineThread, metrics: ServerMetrics, settings: ServerSettings
+) -> APIRouter:
+    routes = Routes(
+        engine, metrics, settings, Admission(engine, engine_thread, metrics, settings.max_queue_len)
+    )
+    router = APIRouter()
+    router.add_api_route("/health", routes.health, methods=["GET"])
+    router.add_api_route("/metrics", routes.prometheus_metrics, methods=["GET"])
+    router.add_api_route("/v1/models", routes.models, methods=["GET"])
+    router.add_api_route("/v1/completions", routes.completions, methods=["POST"])
+    router.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    return router
+
+
+@dataclass(frozen=True)
+class Routes:
+    engine: LLMEngine
+    metrics: ServerMetrics
+    settings: ServerSettings
+    admission: Admission
+
+    async def health(self) -> dict:
+        return {"status": "ok"}
+
+    async def prometheus_metrics(self) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self) -> dict:
+        model = {
+            "id": self.settings.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "llmopt",
+            "max_model_len": self.engine.max_model_len,
+        }
+        return {"object": "list", "data": [model]}
+
+    async def completions(self, req: CompletionRequest) -> Response:
+        self.check_common(req)
+        if req.echo:
+            raise APIError(400, "echo is not supported by this server", param="echo")
+        group = self.admission.start(req, self.prompt_token_ids(req), req.max_tokens)
+        return await respond(req, group, TEXT_COMPLETION, self.settings.served_model_name)
+
+    async def chat_completions(self, req: ChatCompletionRequest) -> Response:
+        self.check_common(req)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            prompt = self.engine.chat_token_ids(messages)
+        except Exception as exc:  # the model's own chat template rejects the conversation
+            raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
+        group = self.admission.start(req, [prompt], req.max_completion_tokens or req.max_tokens)
+        return await respond(req, group, CHAT_COMPLETION, self.settings.served_model_name)
+
+    def check_common(self, req: SamplingRequest) -> None:
+        if req.model is not None and req.model != self.settings.served_model_name:
+            raise APIError(
+                404, f"the model '{req.model}' does not exist", param="model", code="model_not_found"
+            )
+        if req.logprobs:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+
+    def prompt_token_ids(self, req: CompletionRequest) -> list[list[int]]:
+        """One token list per prompt, whichever of OpenAI's four prompt forms the request uses."""
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            prompts = [self.engine.tokenize(prompt)]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [list(prompt)]
+        elif prompt and all(isinstance(p, str) for p in prompt):
+            prompts = [self.engine.tokenize(p) for p in prompt]
+        else:
+            prompts = [list(p) for p in prompt]
+        if not prompts or any(not p for p in prompts):
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        return prompts

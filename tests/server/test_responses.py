@@ -1,0 +1,104 @@
+"""The response bodies and the request-to-SamplingParams mapping, without a model: a stand-in group
+replays engine outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from llmopt.engine.outputs import RequestOutput
+from llmopt.server.admission import sampling_params
+from llmopt.server.errors import APIError
+from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest
+from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, Reply, Usage, complete, stream
+
+
+def finished(prompt: int, output: int, cached: int = 0, reason: str = "length") -> RequestOutput:
+    return RequestOutput("r", [1], "!", True, reason, prompt, output, cached)
+
+
+class ReplayedGroup:
+    """Stands in for a RequestGroup: yields the given (choice index, output) pairs in order."""
+
+    def __init__(self, outputs: list[tuple[int, RequestOutput]], n: int, n_per_prompt: int = 1):
+        self.replay, self.n_per_prompt = outputs, n_per_prompt
+        self.request_ids = [f"r-{i}" for i in range(n)]
+        self.engine_thread = SimpleNamespace(stopping=True)
+
+    async def outputs(self):
+        for pair in self.replay:
+            yield pair
+
+
+def events(group: ReplayedGroup, reply: Reply, include_usage: bool) -> list[str]:
+    async def collect() -> list[str]:
+        return [e async for e in stream(group, reply, include_usage)]
+
+    return asyncio.run(collect())
+
+
+def test_usage_counts_a_shared_prompt_once_and_only_finished_outputs():
+    usage = Usage()
+    usage.add(RequestOutput("r", [1], "a", False, prompt_tokens=9, output_tokens=9), 0, 2)
+    for index in range(4):  # two prompts (7 and 5 tokens), two choices each
+        usage.add(finished(7 if index < 2 else 5, 3, cached=4 if index < 2 else 0), index, 2)
+    assert usage.to_dict() == {
+        "prompt_tokens": 12,
+        "completion_tokens": 12,
+        "total_tokens": 24,
+        "prompt_tokens_details": {"cached_tokens": 4},
+    }
+
+
+def test_chat_stream_opens_with_the_role_and_ends_with_usage():
+    group = ReplayedGroup([(0, RequestOutput("r", [1], "Hi", False)), (0, finished(5, 2))], n=1)
+    raw = events(group, Reply(CHAT_COMPLETION, "m", "chatcmpl-x", 1), include_usage=True)
+    assert raw[-1] == "data: [DONE]\n\n"
+    chunks = [json.loads(e[len("data: ") :]) for e in raw[:-1]]
+    assert [c["choices"] for c in chunks] == [
+        [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+        [{"index": 0, "delta": {"content": "Hi"}, "logprobs": None, "finish_reason": None}],
+        [{"index": 0, "delta": {"content": "!"}, "logprobs": None, "finish_reason": "length"}],
+        [],
+    ]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-x" for c in chunks)
+    assert [c["usage"] for c in chunks[:-1]] == [None] * 3 and chunks[-1]["usage"]["total_tokens"] == 7
+
+
+def test_completion_stream_aborted_by_a_shutdown_ends_with_an_error_event():
+    group = ReplayedGroup(
+        [(0, RequestOutput("r", [1], "a", False)), (0, finished(5, 1, reason="abort"))], n=1
+    )
+    raw = events(group, Reply(TEXT_COMPLETION, "m", "cmpl-x", 1), include_usage=False)
+    assert "usage" not in json.loads(raw[0][len("data: ") :])
+    assert "shutting down" in json.loads(raw[1][len("data: ") :])["error"]["message"]
+    assert raw[2:] == ["data: [DONE]\n\n"]
+
+
+def test_completion_body_keeps_choices_in_index_order():
+    group = ReplayedGroup([(1, finished(3, 1)), (0, finished(3, 1))], n=2, n_per_prompt=2)
+    body = json.loads(asyncio.run(complete(group, Reply(TEXT_COMPLETION, "m", "cmpl-x", 1))).body)
+    assert body["object"] == "text_completion"
+    assert [(c["index"], c["text"]) for c in body["choices"]] == [(0, "!"), (1, "!")]
+    assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["completion_tokens"] == 2
+
+
+def test_sampling_params_offset_the_seed_per_choice_and_fill_the_context():
+    req = CompletionRequest(prompt="hi", seed=10, stop="x")
+    params = sampling_params(req, None, prompt_len=6, index=2, max_model_len=16)
+    assert (params.seed, params.max_tokens, params.stop) == (12, 10, ["x"])
+    with pytest.raises(APIError) as full:
+        sampling_params(ChatCompletionRequest(messages=[{"role": "user"}]), None, 16, 0, 16)
+    assert full.value.status == 400 and full.value.param == "messages"
+    with pytest.raises(APIError, match="min_tokens"):
+        sampling_params(CompletionRequest(prompt="hi", min_tokens=5), 4, 2, 0, 16)
