@@ -12,10 +12,8 @@ Prints a table and writes results/bench_overhead.json.
 from __future__ import annotations
 
 import asyncio
-import json
 import multiprocessing as mp
 import time
-from pathlib import Path
 
 import aiohttp
 from rich.console import Console
@@ -25,8 +23,7 @@ from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.launcher import free_port
 from llmopt.bench.metrics import summarize
 from llmopt.bench.runner import LoadPoint, run_point
-
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+from results import write_result
 
 CHUNK = b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'
 LAST = (
@@ -146,10 +143,7 @@ def main() -> None:
     console.print(
         f"highest rate: {best:.0f} req/s; added TTFT at concurrency 1 (median, upper bound): {added:.3f} ms"
     )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_overhead.json").write_text(
-        json.dumps({"rows": rows, "max_req_s": best, "added_ttft_ms": added}, indent=2)
-    )
+    write_result("bench_overhead", {"rows": rows, "max_req_s": best, "added_ttft_ms": added})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ and prefix caching's effect on time to first token. Prints a table and writes re
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -23,8 +22,7 @@ from llmopt.corpus import default_text
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+from results import write_result
 
 
 def corpus_prompts(tokenizer, count: int, length: int, offset: int = 0) -> list[list[int]]:
@@ -196,8 +194,7 @@ def main() -> None:
         f"prefix caching: median TTFT of a 1,000-token prompt sharing 900 tokens: "
         f"off {1000 * ttft_off:.0f} ms, on {1000 * ttft_on:.0f} ms ({ttft_off / ttft_on:.1f}x)"
     )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "engine_throughput.json").write_text(json.dumps(summary, indent=2))
+    write_result("engine_throughput", summary)
 
 
 if __name__ == "__main__":

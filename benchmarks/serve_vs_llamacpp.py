@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 
@@ -25,10 +24,10 @@ from llmopt.bench.metrics import summarize
 from llmopt.bench.runner import LoadPoint, run_point
 from llmopt.bench.workload import random_prompts
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
+from results import RESULTS, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "results"
-PEER_SCRIPT = ROOT.parent / "shared" / "peers" / "llama_server.py"
+PEER_SCRIPT = Path(__file__).with_name("llama_server.py")
 PEER_PYTHON = ROOT / ".peer-venv" / "bin" / "python"
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -150,13 +149,11 @@ def main() -> None:
                 f"{s['output_throughput'] / q4_tok_s:.2f}x",
             )
     console.print(table)
-    RESULTS.mkdir(exist_ok=True)
     out = {
         "args": vars(args),
         "results": {k: {str(c): v for c, v in r.items()} for k, r in results.items()},
     }
-    # default=str: --quantized gives a list of Paths
-    (RESULTS / "serve_vs_llamacpp.json").write_text(json.dumps(out, indent=2, default=str))
+    write_result("serve_vs_llamacpp", out)  # writes Paths (--quantized) as text
 
 
 if __name__ == "__main__":

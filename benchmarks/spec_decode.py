@@ -14,7 +14,6 @@ the target); pass a cheaper model, such as an int8 or int4 copy, to measure a re
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -25,8 +24,7 @@ from llmopt.checkpoints import resolve_model
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-
-RESULTS = Path(__file__).resolve().parent.parent / "results"
+from results import write_result
 
 PASSAGES = [
     "The Python interpreter reads a program line by line. Each line is split into tokens, the tokens are "
@@ -153,8 +151,7 @@ def main() -> None:
                     "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}",
                 )
     console.print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "spec_decode.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+    write_result("spec_decode", {"args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,115 @@
+"""The layout is the architecture: imports run one way, down the layers, and no function needs a scroll
+bar. Both checks read the source (ast), so lazy imports inside functions count too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
+
+# What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
+# evaluate -> engine -> checkpoints; pricing, corpus and files are leaves anyone may read. The bench
+# speaks HTTP and never imports the engine; the report reads run folders through the bench.
+LEAVES = {"pricing", "corpus", "files"}
+ALLOWED: dict[str, set[str]] = {
+    "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "checkpoints"} | LEAVES,
+    "server": {"engine", "checkpoints"},
+    "bench": {"checkpoints"} | LEAVES,
+    "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
+    "report": {"bench"} | LEAVES,
+    "evaluate": {"engine", "checkpoints"} | LEAVES,
+    "engine": {"checkpoints"},
+    "checkpoints": set(),
+    "pricing": {"files"},
+    "corpus": set(),
+    "files": set(),
+    "__init__": {"engine"},  # `from llmopt import LLM, SamplingParams`
+}
+MAX_FUNCTION_LINES = 60
+
+
+def part_of(module: str) -> str | None:
+    """'llmopt.engine.llm_engine' -> 'engine'; None for anything outside llmopt."""
+    names = module.split(".")
+    if names[0] != "llmopt":
+        return None
+    return names[1] if len(names) > 1 else "__init__"
+
+
+def module_name(path: Path, root: Path = PACKAGE) -> str:
+    relative = path.relative_to(root.parent).with_suffix("")
+    names = list(relative.parts)
+    if names[-1] == "__init__":
+        names.pop()
+    return ".".join(names)
+
+
+def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
+    """(line, module) for every import in the file, relative ones resolved."""
+    tree = ast.parse(path.read_text())
+    name = module_name(path, root)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.append((node.lineno, base))
+    return found
+
+
+def back_imports(root: Path = PACKAGE) -> list[str]:
+    wrong = []
+    for path in sorted(root.rglob("*.py")):
+        here = part_of(module_name(path, root))
+        for line, module in imported_modules(path, root):
+            there = part_of(module)
+            if there is None or there == here:
+                continue
+            if there not in ALLOWED.get(here, set()):
+                wrong.append(f"{path.relative_to(root.parent)}:{line}: {here} imports {module}")
+    return wrong
+
+
+def long_functions(root: Path = PACKAGE) -> list[str]:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    found.append(
+                        f"{path.relative_to(root.parent)}:{node.lineno}: {node.name} ({lines} lines)"
+                    )
+    return found
+
+
+def test_every_part_of_llmopt_has_a_layer():
+    parts = {part_of(module_name(p)) for p in PACKAGE.rglob("*.py")}
+    assert parts <= set(ALLOWED), f"parts without a layer: {parts - set(ALLOWED)}"
+
+
+def test_imports_run_down_the_layers():
+    assert back_imports() == []
+
+
+def test_a_back_import_is_caught(tmp_path):
+    fake = tmp_path / "llmopt"
+    (fake / "engine").mkdir(parents=True)
+    (fake / "engine" / "__init__.py").write_text("")
+    (fake / "engine" / "runner.py").write_text("def f():\n    from llmopt.server.app import create_app\n")
+    (fake / "bench").mkdir()
+    (fake / "bench" / "sweep.py").write_text("from ..engine import llm_engine\n")
+    assert back_imports(fake) == [
+        "llmopt/bench/sweep.py:1: bench imports llmopt.engine",
+        "llmopt/engine/runner.py:2: engine imports llmopt.server.app",
+    ]
+
+
+def test_no_function_needs_a_scroll_bar():
+    assert long_functions() == []
