@@ -61,6 +61,17 @@ def resolve_model(model: str | None = None) -> Path:
     return path
 
 
+def resolve_tokenizer(name: str | None = None) -> Path:
+    """Return the folder to load a tokenizer from: a folder holding tokenizer.json or
+    tokenizer_config.json is enough (no config.json, no weights, any architecture: a bench only counts
+    tokens with it); anything else is resolved as a model by `resolve_model`."""
+    if name is not None:
+        path = Path(name).expanduser()
+        if path.is_dir() and any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            return path
+    return resolve_model(name)
+
+
 def check_architecture(config_file: Path) -> None:
     model_type = json.loads(config_file.read_text()).get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:

@@ -112,13 +112,11 @@ class LiveServer(LocalServer):
         super().__init__(lambda port: llmopt_serve_command(port, list(args)), ready_timeout_s=180)
 
     def metrics(self) -> dict[str, float]:
-        """The server's /metrics as {name: value} (label sets dropped; one model per server)."""
-        values: dict[str, float] = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                values[name.split("{")[0]] = float(value)
-        return values
+        """The server's /metrics as {sample name: value} (label sets dropped; one model per server),
+        parsed as the bench parses it."""
+        from llmopt.bench.server_stats import parse_metrics
+
+        return parse_metrics(httpx.get(self.url + "/metrics").text)
 
     def wait_idle(self, timeout: float = 30) -> dict[str, float]:
         """Wait until nothing runs or waits and every KV block is free; return the metrics."""

@@ -2,106 +2,136 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmopt.bench.client import RequestRecord
+from llmopt.bench.config import BenchConfig, BenchError, with_overrides
+from llmopt.bench.recipe import load_recipe
+from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir
 from llmopt.bench.runner import LoadPoint
-from llmopt.bench.sweep import BenchConfig, RunDir, run_sweep
+from llmopt.bench.sweep import run_sweep
+from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list
 from llmopt.cli.render import results_table
 
+# The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
+# (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the
+# default. These keep their name and value:
+AS_GIVEN = (
+    "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
+    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed"
+).split()
+
+
+def _list_of(parse: Callable[[str], list]) -> Callable[[str], list | None]:
+    return lambda text: parse(text) or None  # "--prompt-len ''" is no list, as if not given
+
+
+# ...and these are parsed, the list axes into plural fields: {option: (BenchConfig field, parse)}.
+PARSED: dict[str, tuple[str, Callable[[object], object]]] = {
+    "dataset": ("dataset", str),
+    "concurrency": ("concurrencies", _list_of(int_list)),
+    "request_rate": ("request_rates", _list_of(float_list)),
+    "prompt_len": ("prompt_lens", _list_of(int_list)),
+    "output_len": ("output_lens", _list_of(int_list)),
+    "percentiles": ("percentiles", lambda text: tuple(float_list(text))),
+}
+
+
+def settings_from_options(options: dict[str, object]) -> dict[str, object]:
+    """{BenchConfig field: value} for the bench settings among the parsed `options` (None: not given)."""
+    settings = {name: options[name] for name in AS_GIVEN}
+    for name, (field, parse) in PARSED.items():
+        settings[field] = None if options[name] is None else parse(options[name])
+    return settings
+
+
+EndpointOption = Annotated[
+    str | None, typer.Option(help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
+]
+ModelOption = Annotated[str | None, typer.Option(help="model name; default: the first of /v1/models")]
+ApiKeyOption = Annotated[
+    str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key (or $OPENAI_API_KEY)")
+]
+ApiOption = Annotated[str | None, typer.Option(help="chat or completions; default: chat")]
+RecipeOption = Annotated[
+    Path | None, typer.Option(help="a sweep recipe (TOML); flags given here override it")
+]
+ConcurrencyOption = Annotated[str | None, typer.Option(help="fixed concurrency points, e.g. 1,4,16")]
+RateOption = Annotated[str | None, typer.Option(help="arrival-rate points in requests/s, e.g. 2,4")]
+ArrivalOption = Annotated[str | None, typer.Option(help="poisson or constant; default: poisson")]
+MaxConcurrencyOption = Annotated[int | None, typer.Option(help="cap on in-flight requests for rate points")]
+NumRequestsOption = Annotated[int | None, typer.Option(help="requests per load point; default: 64")]
+MaxSecondsOption = Annotated[float | None, typer.Option(help="stop sending after this long per point")]
+WarmupOption = Annotated[int | None, typer.Option(help="uncounted warm-up requests per point; default: 2")]
+WorkloadOption = Annotated[
+    str | None, typer.Option(help="random, shared-prefix, copy or file; default: random")
+]
+PromptLenOption = Annotated[
+    str | None, typer.Option(help="prompt lengths in tokens, e.g. 128,1024; default: 128")
+]
+OutputLenOption = Annotated[
+    str | None, typer.Option(help="output lengths in tokens (max_tokens); default: 128")
+]
+PrefixLenOption = Annotated[int | None, typer.Option(help="shared-prefix length (shared-prefix workload)")]
+NumPrefixesOption = Annotated[int | None, typer.Option(help="distinct shared prefixes; default: 1")]
+DatasetOption = Annotated[Path | None, typer.Option(help="JSONL or ShareGPT JSON file (file workload)")]
+SloOption = Annotated[str | None, typer.Option(help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")]
+PercentilesOption = Annotated[str, typer.Option(help="percentiles to report")]
+MaxErrorRateOption = Annotated[float | None, typer.Option(help="stop a point once this share fails")]
+IgnoreEosOption = Annotated[bool, typer.Option(help="send ignore_eos so outputs have the asked length")]
+TokenizerOption = Annotated[
+    str | None, typer.Option(help="tokenizer for prompt lengths (model or tokenizer folder, .gguf)")
+]
+RunNameOption = Annotated[str | None, typer.Option(help="folder under --results-dir; default: a timestamp")]
+ResumeOption = Annotated[bool, typer.Option(help="continue an interrupted run (same --run-name)")]
+
 
 def bench(
-    endpoint: Annotated[
-        str | None, typer.Option(help="base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:8000/v1")
-    ] = None,
-    model: Annotated[str | None, typer.Option(help="model name; default: the first of /v1/models")] = None,
-    api_key: Annotated[
-        str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key (or $OPENAI_API_KEY)")
-    ] = None,
-    api: Annotated[str, typer.Option(help="chat or completions")] = "chat",
-    recipe: Annotated[
-        Path | None, typer.Option(help="a sweep recipe (TOML); flags given here override it")
-    ] = None,
-    concurrency: Annotated[str | None, typer.Option(help="fixed concurrency points, e.g. 1,4,16")] = None,
-    request_rate: Annotated[
-        str | None, typer.Option(help="arrival-rate points in requests/s, e.g. 2,4")
-    ] = None,
-    arrival: Annotated[str, typer.Option(help="poisson or constant")] = "poisson",
-    max_concurrency: Annotated[
-        int | None, typer.Option(help="cap on in-flight requests for rate points")
-    ] = None,
-    num_requests: Annotated[int | None, typer.Option(help="requests per load point")] = None,
-    max_seconds: Annotated[float | None, typer.Option(help="stop sending after this long per point")] = None,
-    warmup: Annotated[int | None, typer.Option(help="uncounted warm-up requests per point")] = None,
-    workload: Annotated[str | None, typer.Option(help="random, shared-prefix, copy or file")] = None,
-    prompt_len: Annotated[str | None, typer.Option(help="prompt lengths in tokens, e.g. 128,1024")] = None,
-    output_len: Annotated[str | None, typer.Option(help="output lengths in tokens (max_tokens)")] = None,
-    prefix_len: Annotated[
-        int | None, typer.Option(help="shared-prefix length (shared-prefix workload)")
-    ] = None,
-    num_prefixes: Annotated[int | None, typer.Option(help="distinct shared prefixes")] = None,
-    dataset: Annotated[Path | None, typer.Option(help="JSONL or ShareGPT JSON file (file workload)")] = None,
-    slo: Annotated[str | None, typer.Option(help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")] = None,
-    percentiles: Annotated[str, typer.Option(help="percentiles to report")] = "50,90,99",
-    max_error_rate: Annotated[float | None, typer.Option(help="stop a point once this share fails")] = None,
-    ignore_eos: Annotated[bool, typer.Option(help="send ignore_eos so outputs have the asked length")] = True,
-    tokenizer: Annotated[
-        str | None, typer.Option(help="tokenizer for prompt lengths (model folder/.gguf)")
-    ] = None,
-    run_name: Annotated[
-        str | None, typer.Option(help="folder under --results-dir; default: a timestamp")
-    ] = None,
+    ctx: typer.Context,
+    endpoint: EndpointOption = None,
+    model: ModelOption = None,
+    api_key: ApiKeyOption = None,
+    api: ApiOption = None,
+    recipe: RecipeOption = None,
+    concurrency: ConcurrencyOption = None,
+    request_rate: RateOption = None,
+    arrival: ArrivalOption = None,
+    max_concurrency: MaxConcurrencyOption = None,
+    num_requests: NumRequestsOption = None,
+    max_seconds: MaxSecondsOption = None,
+    warmup: WarmupOption = None,
+    workload: WorkloadOption = None,
+    prompt_len: PromptLenOption = None,
+    output_len: OutputLenOption = None,
+    prefix_len: PrefixLenOption = None,
+    num_prefixes: NumPrefixesOption = None,
+    dataset: DatasetOption = None,
+    slo: SloOption = None,
+    percentiles: PercentilesOption = "50,90,99",
+    max_error_rate: MaxErrorRateOption = None,
+    ignore_eos: IgnoreEosOption = True,
+    tokenizer: TokenizerOption = None,
+    run_name: RunNameOption = None,
     results_dir: Path = Path("results"),
-    resume: Annotated[bool, typer.Option(help="continue an interrupted run (same --run-name)")] = False,
+    resume: ResumeOption = False,
     seed: int = 0,
 ) -> None:
     """Load-test any OpenAI-compatible endpoint (ours, vLLM, llama.cpp, a paid API)."""
-    import datetime as dt
-
-    from llmopt.bench.sweep import BenchConfig, BenchError, load_recipe
-    from llmopt.checkpoints import ModelError, load_tokenizer, resolve_model
-
+    # The settings are read by option name from ctx.params (see SETTINGS), not one parameter at a time.
     try:
-        config = load_recipe(recipe) if recipe else BenchConfig()
-        overrides = {
-            "endpoint": endpoint,
-            "model": model,
-            "api_key": api_key,
-            "workload": workload,
-            "num_requests": num_requests,
-            "max_seconds": max_seconds,
-            "warmup": warmup,
-            "prefix_len": prefix_len,
-            "num_prefixes": num_prefixes,
-            "dataset": str(dataset) if dataset else None,
-            "slo": slo,
-            "max_error_rate": max_error_rate,
-            "max_concurrency": max_concurrency,
-            "tokenizer": tokenizer,
-            "concurrencies": int_list(concurrency) or None,
-            "request_rates": float_list(request_rate) or None,
-            "prompt_lens": int_list(prompt_len) or None,
-            "output_lens": int_list(output_len) or None,
-        }
-        for key, value in overrides.items():
-            if value is not None:
-                setattr(config, key, value)
-        if endpoint:
-            config.servers = []  # an endpoint on the command line replaces a recipe's local servers
-        if api != "chat" or not recipe:
-            config.api = api
-        if arrival != "poisson" or not recipe:
-            config.arrival = arrival
-        config.ignore_eos, config.seed = ignore_eos, seed
-        config.percentiles = tuple(float_list(percentiles))
+        overrides = settings_from_options(ctx.params)
+        config = with_overrides(load_recipe(recipe) if recipe else BenchConfig(), overrides)
         config.validate()
-        tok = load_tokenizer(resolve_model(config.tokenizer))
+        tok = load_tokenizer(resolve_tokenizer(config.tokenizer))
         name = run_name or (recipe.stem + "-" if recipe else "") + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         code = run_bench(config, results_dir / name, resume, tok, console)
     except (BenchError, ModelError, ValueError) as exc:
@@ -135,10 +165,11 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
     def on_point_done(summary: dict) -> None:
         if summary["failed"]:
             console.print(
-                f"[yellow]{summary['key']}: {summary['failed']} failed: {'; '.join(summary['errors'][:3])}[/]"
+                f"[yellow]{summary['key']}: {summary['failed']} failed: "
+                f"{escape('; '.join(summary['errors'][:3]))}[/]"
             )
         if summary.get("stopped_early"):
-            console.print(f"[red]{summary['key']}: stopped early: {summary['stopped_early']}[/]")
+            console.print(f"[red]{summary['key']}: stopped early: {escape(summary['stopped_early'])}[/]")
 
     points: list[dict] = []
     interrupted = False
@@ -147,16 +178,17 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
             points = run_sweep(config, run_dir, resume, tokenizer, on_point_start, on_point_done)
         except KeyboardInterrupt:
             interrupted = True
+    run = RunDir(run_dir)
     if interrupted:
-        points = RunDir(run_dir).load_summaries()
+        points = run.load_summaries()
     if points:
         wide = Console(width=None if console.is_terminal else 200)  # a file or pipe gets the whole table
         wide.print(results_table(points, f"p{max(config.percentiles):g}"))
-    if points:
+        # Imported here: the report pulls in matplotlib, which every other command would pay for.
         from llmopt.report.html import write_report
 
-        write_report([run_dir], run_dir / "report.html")
-    console.print(f"results: {run_dir}/summary.json, summary.csv, requests.jsonl, report.html")
+        write_report([run_dir], run.report)
+    console.print(f"results: {run_dir}/{SUMMARY_JSON}, {SUMMARY_CSV}, {RECORDS}, {REPORT}")
     if interrupted:
         console.print("[yellow]interrupted: finished requests are kept; continue with --resume[/]")
         return 130

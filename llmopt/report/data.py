@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from llmopt.bench.rundir import SUMMARY_JSON, RunDir
 
 
 @dataclass
@@ -29,15 +30,11 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    summary = path / "summary.json"
-    if not summary.is_file():
-        raise ValueError(f"{path} is not a bench run (no summary.json)")
-    data = json.loads(summary.read_text())
-    records_file = path / "requests.jsonl"
-    records = (
-        [json.loads(line) for line in records_file.read_text().splitlines()] if records_file.is_file() else []
-    )
-    return Run(path.name, path, data.get("settings", {}), data.get("points", []), records)
+    run = RunDir(path)
+    if not run.is_run():
+        raise ValueError(f"{path} is not a bench run (no {SUMMARY_JSON})")
+    summary = run.read_summary()
+    return Run(path.name, path, summary["settings"], summary["points"], run.read_records())
 
 
 def load_value(point: dict) -> float:

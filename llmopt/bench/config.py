@@ -1,0 +1,133 @@
+"""What a bench run measures: the target (an endpoint or local `llmopt serve` configs), the workload and
+the load points. A recipe fills a `BenchConfig`, command-line flags override it (`with_overrides`), and
+`validate` says what cannot run before anything starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from llmopt.bench.launcher import llmopt_serve_command
+from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
+from llmopt.bench.runner import LoadPoint
+from llmopt.bench.workload import WORKLOADS
+
+
+class BenchError(Exception):
+    """A bench setting that cannot run; the message says what to fix."""
+
+
+@dataclass
+class ServerSpec:
+    """A local `llmopt serve` config: a name and its CLI flags ({"max-num-seqs": 16, ...})."""
+
+    name: str
+    model: str | None = None
+    args: dict = field(default_factory=dict)
+
+    def flags(self) -> list[str]:
+        """`args` as `llmopt serve` flags: True -> --flag, False -> --no-flag, tables and lists as JSON."""
+        flags: list[str] = [self.model] if self.model else []
+        for key, value in self.args.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                flags.append(flag)
+            elif value is False:
+                flags.append("--no-" + flag[2:])
+            elif isinstance(value, (dict, list)):
+                flags += [flag, json.dumps(value)]
+            else:
+                flags += [flag, str(value)]
+        return flags
+
+    def command(self, port: int) -> list[str]:
+        return llmopt_serve_command(port, self.flags())
+
+
+@dataclass
+class BenchConfig:
+    """Every bench setting with its default; a recipe or a flag that leaves one out gets this value."""
+
+    endpoint: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    api: str = "chat"
+    servers: list[ServerSpec] = field(default_factory=list)
+    workload: str = "random"
+    prompt_lens: list[int] = field(default_factory=lambda: [128])
+    output_lens: list[int] = field(default_factory=lambda: [128])
+    prefix_len: int = 0
+    num_prefixes: int = 1
+    dataset: str | None = None
+    concurrencies: list[int] = field(default_factory=list)
+    request_rates: list[float] = field(default_factory=list)
+    arrival: str = "poisson"
+    max_concurrency: int | None = None
+    num_requests: int = 64
+    max_seconds: float | None = None
+    warmup: int = 2
+    slo: str | None = None
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    max_error_rate: float | None = None
+    ignore_eos: bool = True
+    tokenizer: str | None = None
+    seed: int = 0
+    recipe: str | None = None
+
+    def validate(self) -> None:
+        """Raise BenchError for a setting that cannot run; with no load point given, run concurrency 1."""
+        if not self.endpoint and not self.servers:
+            raise BenchError(
+                "give --endpoint URL (any OpenAI-compatible server) or a --recipe with [[serve]] configs"
+            )
+        if self.api not in ("chat", "completions"):
+            raise BenchError("--api must be 'chat' or 'completions'")
+        if self.arrival not in ("poisson", "constant"):
+            raise BenchError("--arrival must be 'poisson' or 'constant'")
+        if self.workload not in WORKLOADS:
+            raise BenchError(f"--workload must be one of {', '.join(WORKLOADS)}")
+        if self.workload == "file" and not self.dataset:
+            raise BenchError("the 'file' workload needs --dataset FILE (JSONL or ShareGPT JSON)")
+        if not self.concurrencies and not self.request_rates:
+            self.concurrencies = [1]
+        if any(c < 1 for c in self.concurrencies) or any(r <= 0 for r in self.request_rates):
+            raise BenchError("concurrency must be >= 1 and request rates > 0")
+        if any(n < 1 for n in self.prompt_lens + self.output_lens) or self.num_requests < 1:
+            raise BenchError("prompt and output lengths and --num-requests must be >= 1")
+        if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
+            raise BenchError("--max-error-rate is a fraction between 0 and 1")
+        try:
+            parse_slo(self.slo)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
+
+    def load_points(self) -> list[LoadPoint]:
+        common = {
+            "num_requests": self.num_requests,
+            "max_seconds": self.max_seconds,
+            "warmup": self.warmup,
+            "max_error_rate": self.max_error_rate,
+            "seed": self.seed,
+        }
+        points = [LoadPoint(concurrency=c, **common) for c in self.concurrencies]
+        points += [
+            LoadPoint(request_rate=r, arrival=self.arrival, max_concurrency=self.max_concurrency, **common)
+            for r in self.request_rates
+        ]
+        return points
+
+
+def with_overrides(config: BenchConfig, overrides: dict[str, object]) -> BenchConfig:
+    """`config` with every override that is not None in place of its value ({field name: value}).
+
+    None means "not given", so a flag's value counts even when it equals the default (`--api chat`
+    over a recipe's "completions"). An endpoint replaces the config's local servers: the command line
+    then points the recipe at another server instead of starting its own."""
+    given = {key: value for key, value in overrides.items() if value is not None}
+    unknown = set(given) - {f.name for f in dataclasses.fields(BenchConfig)}
+    if unknown:
+        raise ValueError(f"not a bench setting: {', '.join(sorted(unknown))}")
+    if given.get("endpoint"):
+        given["servers"] = []
+    return dataclasses.replace(config, **given)

@@ -1,0 +1,81 @@
+"""A sweep recipe: a TOML file with [target], [[serve]], [workload] and [load] tables (see recipes/*.toml)
+read into a BenchConfig. A key the recipe leaves out keeps BenchConfig's default; a key it misspells is
+an error naming the file, not a setting silently ignored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.files import read_toml
+
+# {table: {recipe key: BenchConfig field}}
+TABLES: dict[str, dict[str, str]] = {
+    "target": {"endpoint": "endpoint", "model": "model", "api_key": "api_key", "api": "api"},
+    "workload": {
+        "kind": "workload",
+        "prompt_len": "prompt_lens",
+        "output_len": "output_lens",
+        "prefix_len": "prefix_len",
+        "num_prefixes": "num_prefixes",
+        "dataset": "dataset",
+    },
+    "load": {
+        "concurrency": "concurrencies",
+        "request_rate": "request_rates",
+        "arrival": "arrival",
+        "max_concurrency": "max_concurrency",
+        "num_requests": "num_requests",
+        "max_seconds": "max_seconds",
+        "warmup": "warmup",
+        "slo": "slo",
+        "max_error_rate": "max_error_rate",
+    },
+}
+# Fields that hold one value per sweep axis: a recipe may give one number or a list.
+LIST_FIELDS = {"prompt_lens", "output_lens", "concurrencies", "request_rates"}
+SERVE_KEYS = {"name", "model", "args"}
+
+
+def load_recipe(path: Path) -> BenchConfig:
+    """The BenchConfig that the recipe at `path` describes; any problem is a BenchError naming it."""
+    try:
+        data = read_toml(path, "recipe")
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+    unknown = set(data) - {*TABLES, "serve"}
+    if unknown:
+        raise BenchError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}")
+    values: dict[str, object] = {}
+    for table, keys in TABLES.items():
+        values.update(_table_values(path, table, data.get(table, {}), keys))
+    return BenchConfig(**values, servers=_servers(path, data.get("serve", [])), recipe=str(path))
+
+
+def _table_values(path: Path, table: str, body: object, keys: dict[str, str]) -> dict[str, object]:
+    if not isinstance(body, dict):
+        raise BenchError(f"{path}: [{table}] must be a table")
+    unknown = set(body) - set(keys)
+    if unknown:
+        raise BenchError(
+            f"{path}: unknown key(s) in [{table}]: {', '.join(sorted(unknown))} (known: {', '.join(keys)})"
+        )
+    values: dict[str, object] = {}
+    for key, value in body.items():
+        name = keys[key]
+        values[name] = value if name not in LIST_FIELDS or isinstance(value, list) else [value]
+    return values
+
+
+def _servers(path: Path, entries: object) -> list[ServerSpec]:
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise BenchError(f"{path}: [[serve]] must be an array of tables")
+    servers = []
+    for i, entry in enumerate(entries):
+        unknown = set(entry) - SERVE_KEYS
+        if unknown:
+            raise BenchError(f"{path}: unknown key(s) in [[serve]] #{i + 1}: {', '.join(sorted(unknown))}")
+        if not isinstance(entry.get("args", {}), dict):
+            raise BenchError(f"{path}: [[serve]] #{i + 1}: args must be a table")
+        servers.append(ServerSpec(entry.get("name", f"serve-{i}"), entry.get("model"), entry.get("args", {})))
+    return servers

@@ -1,0 +1,158 @@
+"""A bench run's folder: the one place that knows its file names and formats.
+
+    requests.jsonl       one JSON record per finished request, appended as it finishes
+    summary.json         {"settings": ..., "points": [point summary, ...]}, rewritten after every point
+    summary.csv          the same points as a table
+    server-<name>.log    the output of each local server the run started
+    report.html          the HTML report
+
+A run killed mid-write leaves at most a torn last line in requests.jsonl: reading drops it (that request
+never finished), so neither --resume nor the report fails on it. The summaries are replaced atomically,
+so a crash leaves the previous ones whole.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from llmopt.files import jsonl_records
+
+RECORDS = "requests.jsonl"
+SUMMARY_JSON = "summary.json"
+SUMMARY_CSV = "summary.csv"
+REPORT = "report.html"
+
+CSV_FIELDS = [
+    "server",
+    "prompt_len",
+    "output_len",
+    "load",
+    "requests",
+    "successful",
+    "failed",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "goodput",
+]
+CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+@dataclass
+class RunDir:
+    path: Path
+
+    @property
+    def records(self) -> Path:
+        return self.path / RECORDS
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY_JSON
+
+    @property
+    def summary_csv(self) -> Path:
+        return self.path / SUMMARY_CSV
+
+    @property
+    def report(self) -> Path:
+        return self.path / REPORT
+
+    def server_log(self, server: str) -> Path:
+        return self.path / f"server-{server}.log"
+
+    def is_run(self) -> bool:
+        """Whether the folder holds a run with at least one finished point."""
+        return self.summary.is_file()
+
+    def holds_files(self) -> bool:
+        return self.path.exists() and any(self.path.iterdir())
+
+    def open_records(self) -> IO[str]:
+        """requests.jsonl for appending (the caller writes one line per finished request)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        return open(self.records, "a")  # noqa: SIM115 - the caller closes it
+
+    def read_summary(self) -> dict:
+        """summary.json as {"settings": {...}, "points": [...]}; empty when no point has finished."""
+        if not self.summary.is_file():
+            return {"settings": {}, "points": []}
+        try:
+            data = json.loads(self.summary.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.summary}: not JSON ({exc.msg})") from None
+        return {"settings": data.get("settings", {}), "points": data.get("points", [])}
+
+    def load_summaries(self) -> list[dict]:
+        return self.read_summary()["points"]
+
+    def write_summaries(self, points: list[dict], settings: dict) -> None:
+        _replace(self.summary, json.dumps({"settings": settings, "points": points}, indent=2))
+        _replace(self.summary_csv, summary_csv(points))
+
+    def read_records(self) -> list[dict]:
+        return [record for _, record in self._record_lines()]
+
+    def keep_records_of(self, keys: set[str]) -> None:
+        """On resume: drop the records of points that did not finish (they run again)."""
+        if not self.records.is_file():
+            return
+        kept = [line for line, record in self._record_lines() if record.get("point") in keys]
+        _replace(self.records, "".join(line + "\n" for line in kept))
+
+    def _record_lines(self) -> list[tuple[str, dict]]:
+        """(line, record) for each record in requests.jsonl, without a torn last line."""
+        if not self.records.is_file():
+            return []
+        text = self.records.read_text()
+        # Only the last line can be torn (every record is written and flushed whole, in order).
+        body, _, tail = text.rpartition("\n")
+        raw = body.splitlines()
+        lines = [(raw[number - 1], record) for number, record in jsonl_records(self.records, body)]
+        try:
+            if tail.strip():
+                lines.append((tail, json.loads(tail)))
+        except json.JSONDecodeError:
+            pass
+        return lines
+
+
+def summary_csv(points: list[dict]) -> str:
+    """The point summaries as CSV: the fields of CSV_FIELDS, then mean, median and each percentile of
+    every latency metric (ttft_ms_mean, ..., e2e_ms_p99)."""
+    stats = ["mean", "median"] + [k for k in points[0]["ttft_ms"] if k.startswith("p")] if points else []
+    metric_cols = [(m, s) for m in CSV_METRICS for s in stats]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols])
+    for p in points:
+        writer.writerow([p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols])
+    return out.getvalue()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename, so a reader or a crash never sees
+    half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def machine_info() -> dict:
+    """The machine a run was measured on, kept in its settings."""
+    return {
+        "host": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "system": platform.platform(),
+    }

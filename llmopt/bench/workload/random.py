@@ -1,0 +1,22 @@
+"""The random workload: prompts of an exact token length cut from random places of the corpus."""
+
+from __future__ import annotations
+
+import random
+
+from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.text import corpus_token_ids, text_of_length
+
+
+def random_prompts(
+    tokenizer, num: int, prompt_len: int, output_len: int, seed: int = 0
+) -> list[BenchRequest]:
+    """`num` prompts of exactly `prompt_len` tokens from random places of the corpus."""
+    ids = corpus_token_ids(tokenizer)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num):
+        start = rng.randrange(0, max(1, len(ids) - 2 * prompt_len - 1))
+        text = text_of_length(tokenizer, ids[start : start + 2 * prompt_len + 8], prompt_len)
+        out.append(BenchRequest(prompt=text, max_tokens=output_len, prompt_tokens=prompt_len))
+    return out
