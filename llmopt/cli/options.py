@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -21,8 +22,9 @@ SPEC_HELP = (
 
 
 def fail(message: str) -> typer.Exit:
-    """Print one error line; the caller raises the returned Exit (exit code 1)."""
-    console.print(f"[red]error:[/red] {message}")
+    """Print one error line; the caller raises the returned Exit (exit code 1). The message is escaped:
+    messages quote "[load]", "[[serve]]" or "llmopt[quant]", which the console would read as markup."""
+    console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code=1)
 
 

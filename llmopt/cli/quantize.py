@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from llmopt.cli.options import ModelArg, console, fail
+
+if TYPE_CHECKING:  # rich.progress loads when the command runs, not on every `llmopt` start
+    from rich.progress import Progress
 
 
 def quantize(
@@ -32,26 +37,15 @@ def quantize(
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
 ) -> None:
     """Quantize a model with llm-compressor and report size, perplexity and speed before and after."""
-    from contextlib import contextmanager
-
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from llmopt.checkpoints import ModelError
-    from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig
+    from llmopt.cli.render import quant_table
+    from llmopt.quant.quantize import QuantizeConfig, QuantStackMissing
     from llmopt.quant.quantize import quantize as run_quantize
+    from llmopt.quant.report import REPORT_FILE
 
     logging.basicConfig(level=logging.WARNING)
-    progress = Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
-    )
-
-    @contextmanager
-    def step(description: str):
-        task = progress.add_task(description, total=1)
-        yield
-        progress.update(task, completed=1)
-
+    progress, step = progress_steps()
     try:
         config = QuantizeConfig(
             model=model,
@@ -67,16 +61,24 @@ def quantize(
         )
         with progress:
             report = run_quantize(config, step)
-    except (ModelError, ValueError) as exc:
+    except (ModelError, ValueError, QuantStackMissing) as exc:
         raise fail(str(exc)) from None
-    group = "per channel" if report.group_size is None else f"group {report.group_size}"
-    table = Table(
-        title=f"{report.method.upper()} {report.bits}-bit, {group}",
-        caption=f"{report.calibration_samples} calibration samples, {report.seconds:.0f} s",
-    )
-    for column in ("", "before", "after"):
-        table.add_column(column, justify="left" if not column else "right")
-    for row in report.rows():
-        table.add_row(*row)
-    Console().print(table)
+    Console().print(quant_table(report))
     console.print(f"checkpoint: {out}  (report: {out / REPORT_FILE})")
+
+
+def progress_steps() -> tuple[Progress, Callable[[str], AbstractContextManager]]:
+    """A spinner per long step of the job: `with step(description):` shows it until the step ends."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console
+    )
+
+    @contextmanager
+    def step(description: str) -> Iterator[None]:
+        task = progress.add_task(description, total=1)
+        yield
+        progress.update(task, completed=1)
+
+    return progress, step

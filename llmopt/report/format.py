@@ -1,7 +1,12 @@
 """How numbers read in every table llmopt prints or writes: the console's (cli/render.py) and the
-report's (report/html.py) use these, so a figure looks the same in both."""
+report's (report/html.py) use these, so a figure looks the same in both.
+
+The per-point table is defined once here (POINT_COLUMNS): the console's bench results table and the
+report's "Summary per load point" are the same columns, the console showing a few more."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -21,3 +26,53 @@ def break_even(row: dict) -> str:
     return "; ".join(
         f"{name}: {'any length' if v == 0 else f'> {v:,.0f} tokens'}" for name, v in values.items()
     )
+
+
+@dataclass(frozen=True)
+class PointColumn:
+    """One column of the per-point table: where its value sits in a point summary and how it reads."""
+
+    header: str  # "{p}" stands for the tail percentile shown, e.g. "TTFT {p}" -> "TTFT p99"
+    key: str  # the point summary's field
+    stat: str | None = None  # for a latency field ({"median": .., "p99": ..}): which statistic; may be "{p}"
+    digits: int | None = None  # None: the value as it is (names, counts); else fmt(value, digits)
+    left: bool = False  # text columns read left-aligned in the console
+    report_header: str | None = None  # the report's shorter header, where it differs
+    console_only: bool = False  # shown by `llmopt bench`, left out of the HTML report
+
+    def title(self, percentile: str, report: bool = False) -> str:
+        header = self.report_header if report and self.report_header else self.header
+        return header.format(p=percentile)
+
+    def cell(self, point: dict, percentile: str) -> str:
+        value = point.get(self.key)
+        if self.stat is not None:
+            value = (value or {}).get(self.stat.format(p=percentile))
+        if self.digits is None:
+            return "-" if value is None else str(value)
+        return fmt(value, self.digits)
+
+
+POINT_COLUMNS = [
+    PointColumn("server", "server", left=True),
+    PointColumn("prompt", "prompt_len", report_header="in"),
+    PointColumn("output", "output_len", report_header="out"),
+    PointColumn("load", "load", left=True),
+    PointColumn("ok", "successful"),
+    PointColumn("failed", "failed"),
+    PointColumn("req/s", "request_throughput", digits=2),
+    PointColumn("out tok/s", "output_throughput", digits=1),
+    PointColumn("total tok/s", "total_token_throughput", digits=1, console_only=True),
+    PointColumn("TTFT med", "ttft_ms", "median", digits=0),
+    PointColumn("TTFT {p}", "ttft_ms", "{p}", digits=0),
+    PointColumn("TPOT med", "tpot_ms", "median", digits=1),
+    PointColumn("ITL med", "itl_ms", "median", digits=1),
+    PointColumn("ITL {p}", "itl_ms", "{p}", digits=1),
+    PointColumn("E2E med", "e2e_ms", "median", digits=0),
+    PointColumn("goodput", "goodput", digits=2),
+]
+
+
+def point_columns(report: bool = False) -> list[PointColumn]:
+    """The columns the console shows, or (report=True) the HTML report's."""
+    return [c for c in POINT_COLUMNS if not (report and c.console_only)]

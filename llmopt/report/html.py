@@ -13,7 +13,7 @@ from llmopt.bench.metrics import parse_slo
 from llmopt.pricing import PricingModel, cost_table, load_pricing
 from llmopt.report import plots
 from llmopt.report.data import Run, load_run
-from llmopt.report.format import break_even, fmt, money
+from llmopt.report.format import break_even, fmt, money, point_columns
 
 DELTA_METRICS = [
     ("output_throughput", "out tok/s", None),
@@ -52,48 +52,14 @@ def run_settings(run: Run) -> list[tuple[str, str]]:
     ]
 
 
-POINT_HEADERS = [
-    "server",
-    "in",
-    "out",
-    "load",
-    "ok",
-    "failed",
-    "req/s",
-    "out tok/s",
-    "TTFT med",
-    "TTFT p99",
-    "TPOT med",
-    "ITL med",
-    "ITL p99",
-    "E2E med",
-    "goodput",
-]
+# The report's tail percentile is p99 whatever the run asked for (the console shows the run's highest).
+REPORT_PERCENTILE = "p99"
+POINT_HEADERS = [c.title(REPORT_PERCENTILE, report=True) for c in point_columns(report=True)]
 
 
 def point_rows(run: Run) -> list[list[str]]:
-    rows = []
-    for p in run.points:
-        rows.append(
-            [
-                p["server"],
-                p["prompt_len"],
-                p["output_len"],
-                p["load"],
-                p["successful"],
-                p["failed"],
-                fmt(p["request_throughput"], 2),
-                fmt(p["output_throughput"]),
-                fmt(p["ttft_ms"]["median"], 0),
-                fmt(p["ttft_ms"].get("p99"), 0),
-                fmt(p["tpot_ms"]["median"]),
-                fmt(p["itl_ms"]["median"]),
-                fmt(p["itl_ms"].get("p99")),
-                fmt(p["e2e_ms"]["median"], 0),
-                fmt(p.get("goodput"), 2),
-            ]
-        )
-    return rows
+    columns = point_columns(report=True)
+    return [[c.cell(p, REPORT_PERCENTILE) for c in columns] for p in run.points]
 
 
 def deltas(runs: list[Run]) -> list[dict]:
@@ -129,49 +95,61 @@ def b64(svg: str) -> str:
     return base64.b64encode(svg.encode()).decode()
 
 
-def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -> Path:
-    runs = [load_run(Path(d)) for d in run_dirs]
-    if not runs:
-        raise ValueError("give at least one run directory")
-    models: list[PricingModel] = load_pricing(pricing)
-    slo = {}
+def slo_lines(runs: list[Run]) -> dict[str, float]:
+    """Every run's SLOs in milliseconds (a later run's value for the same metric wins)."""
+    slo: dict[str, float] = {}
     for run in runs:
         slo.update({k: v * 1000 for k, v in parse_slo(run.settings.get("config", {}).get("slo")).items()})
-    figures = [
+    return slo
+
+
+def figures(runs: list[Run]) -> list[tuple[str, str]]:
+    """(title, SVG) for each plot; the prefix-caching and speculation plots only when a run has them."""
+    out = [
         ("Throughput against load", plots.throughput(runs)),
         ("Latency percentiles against load (p50 solid, p90 dashed, p99 dotted)", plots.latency(runs)),
         (
             "Latency against throughput, with the Pareto front and SLO lines",
-            plots.latency_throughput(runs, slo),
+            plots.latency_throughput(runs, slo_lines(runs)),
         ),
         ("CDFs of TTFT and end-to-end latency", plots.cdfs(runs)),
     ]
     prefix = plots.prefix_caching(runs)
     if prefix:
-        figures.append(("Prefix caching on and off", prefix))
+        out.append(("Prefix caching on and off", prefix))
     spec = plots.speculative(runs)
     if spec:
-        figures.append(("Speculative decoding: speed-up and acceptance against k", spec))
-    cost_blocks = []
-    for run in runs:
-        ok = [p for p in run.points if p["successful"]]
-        if not ok:
-            continue
-        requests = sum(p["successful"] for p in ok)
-        mean_in = sum(p["prompt_tokens"] for p in ok) / requests
-        mean_out = sum(p["output_tokens"] for p in ok) / requests
-        best = max(ok, key=lambda p: p["request_throughput"])
-        rows = cost_table(models, mean_in, mean_out, 1000, best["request_throughput"])
-        svg = plots.cost_vs_prompt_length(
-            models, mean_out, sorted({p["prompt_len"] for p in ok}), best["request_throughput"]
-        )
-        title = (
-            f"{run.name}: {mean_in:,.0f} prompt + {mean_out:,.0f} output tokens per request; "
-            f"self-hosted at {best['request_throughput']:.2f} req/s ({best['server']}, {best['load']})"
-        )
-        cost_blocks.append({"title": title, "rows": rows, "svg": b64(svg)})
+        out.append(("Speculative decoding: speed-up and acceptance against k", spec))
+    return out
+
+
+def cost_block(run: Run, models: list[PricingModel]) -> dict | None:
+    """The run's measured request shape priced under every model, self-hosted at its best point's
+    throughput; None when no request succeeded."""
+    ok = [p for p in run.points if p["successful"]]
+    if not ok:
+        return None
+    requests = sum(p["successful"] for p in ok)
+    mean_in = sum(p["prompt_tokens"] for p in ok) / requests
+    mean_out = sum(p["output_tokens"] for p in ok) / requests
+    best = max(ok, key=lambda p: p["request_throughput"])
+    rows = cost_table(models, mean_in, mean_out, 1000, best["request_throughput"])
+    svg = plots.cost_vs_prompt_length(
+        models, mean_out, sorted({p["prompt_len"] for p in ok}), best["request_throughput"]
+    )
+    title = (
+        f"{run.name}: {mean_in:,.0f} prompt + {mean_out:,.0f} output tokens per request; "
+        f"self-hosted at {best['request_throughput']:.2f} req/s ({best['server']}, {best['load']})"
+    )
+    return {"title": title, "rows": rows, "svg": b64(svg)}
+
+
+def render(runs: list[Run], pricing: Path | None) -> str:
+    """The report's HTML for `runs`, priced with the models in `pricing` (default: the bundled file)."""
+    models = load_pricing(pricing)
+    blocks = [cost_block(run, models) for run in runs]
     env = Environment(autoescape=True)
-    html = env.from_string(TEMPLATE.read_text()).render(
+    return env.from_string(TEMPLATE.read_text()).render(
         title=", ".join(r.name for r in runs),
         written=dt.datetime.now().isoformat(timespec="seconds"),
         runs=runs,
@@ -180,12 +158,20 @@ def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -
         point_rows=point_rows,
         deltas=deltas(runs) if len(runs) > 1 else [],
         delta_metrics=DELTA_METRICS,
-        figures=[(t, b64(svg)) for t, svg in figures],
-        cost_blocks=cost_blocks,
+        figures=[(t, b64(svg)) for t, svg in figures(runs)],
+        cost_blocks=[b for b in blocks if b is not None],
         pricing_source=str(pricing or "llmopt/pricing.toml"),
         money=money,
         break_even=break_even,
     )
+
+
+def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -> Path:
+    """Write the report for the bench runs in `run_dirs` to `out` (replaced whole, never half-written)."""
+    runs = [load_run(Path(d)) for d in run_dirs]
+    if not runs:
+        raise ValueError("give at least one run directory")
+    html = render(runs, pricing)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(html)

@@ -69,6 +69,7 @@ def test_eval_cli_json(int8_dir):
     assert 1 < data["perplexity"] < 100
 
 
+@pytest.mark.slow  # several CLI processes, seconds each
 def test_eval_cli_bad_input_is_one_line(tmp_path):
     result = llmopt("eval", "--backend", "onnx")
     assert result.returncode == 1 and "backend must be one of" in result.stderr

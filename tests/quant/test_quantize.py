@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.quant.quantize import REPORT_FILE, QuantizeConfig, quantize
+from llmopt.quant.quantize import QuantizeConfig, quantize
+from llmopt.quant.report import REPORT_FILE
 from tests.conftest import llmopt
 
 
@@ -76,6 +77,7 @@ def test_bad_arguments_fail_in_one_line_before_any_work(tmp_path, args, message)
     assert not (tmp_path / "out").exists() and not staging_leftovers(tmp_path)
 
 
+@pytest.mark.slow  # several CLI processes, seconds each
 def test_unwritable_or_existing_out_is_refused(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -89,6 +91,7 @@ def test_unwritable_or_existing_out_is_refused(tmp_path):
     assert (existing / "keep.txt").read_text() == "user data"
 
 
+@pytest.mark.slow  # several CLI processes, seconds each
 def test_an_interrupted_run_leaves_no_half_checkpoint(tmp_path):
     def step(description: str):
         if description.startswith("INT8"):

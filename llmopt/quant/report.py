@@ -1,0 +1,49 @@
+"""What `llmopt quantize` reports about a checkpoint, before and after: size, perplexity, decode speed,
+written beside the checkpoint as quant_report.json."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPORT_FILE = "quant_report.json"
+
+
+@dataclass
+class QuantReport:
+    method: str
+    bits: int
+    group_size: int | None  # None: one scale per output channel
+    calibration_samples: int
+    seq_len: int
+    seconds: float  # calibration + quantization (llm-compressor's oneshot)
+    size_before_mb: float
+    size_after_mb: float
+    perplexity_before: float
+    perplexity_after: float
+    decode_tok_s_before: float
+    decode_tok_s_after: float
+    source: str
+    out: str
+    scheme: dict = field(default_factory=dict)
+
+
+def checkpoint_size_mb(model_dir: Path) -> float:
+    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / 1e6
+
+
+def decode_speed(model_dir: Path, tokens: int = 64) -> float:
+    """Batch-1 greedy decode tok/s in our engine (prefill excluded)."""
+    from llmopt.engine.llm import LLM
+    from llmopt.engine.sampling_params import SamplingParams
+
+    llm = LLM(str(model_dir), num_kv_blocks=64)
+    prompt = "Write a short story about a lighthouse keeper."
+    llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0))  # warm-up
+    prefill = time.perf_counter()
+    llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
+    prefill = time.perf_counter() - prefill
+    start = time.perf_counter()
+    [out] = llm.generate(prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
+    return (len(out.token_ids) - 1) / (time.perf_counter() - start - prefill)

@@ -1,0 +1,138 @@
+"""The CLI's tables, rendered as text: headers, cells, and the report's point table built from the same
+column list. No model, no server: a point summary as bench/metrics.py writes it."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from llmopt.cli.render import cost_table, quant_table, results_table
+from llmopt.pricing import PricingModel
+from llmopt.pricing import cost_table as price
+from llmopt.quant.report import QuantReport
+from llmopt.report.data import Run
+from llmopt.report.html import POINT_HEADERS, point_rows
+
+
+def latency(median: float, p90: float, p99: float) -> dict:
+    return {"mean": median, "median": median, "p90": p90, "p99": p99}
+
+
+POINT = {
+    "key": "llmopt c=4 in128 out32",
+    "server": "llmopt",
+    "prompt_len": 128,
+    "output_len": 32,
+    "load": "c=4",
+    "concurrency": 4,
+    "request_rate": None,
+    "successful": 40,
+    "failed": 2,
+    "request_throughput": 3.14159,
+    "output_throughput": 1234.56,
+    "total_token_throughput": 5678.91,
+    "ttft_ms": latency(101.4, 150.6, 199.5),
+    "tpot_ms": latency(12.34, 15.0, 17.89),
+    "itl_ms": latency(11.11, 20.0, 33.33),
+    "e2e_ms": latency(880.2, 950.0, 1001.7),
+    "goodput": 2.5,
+}
+
+
+def text(table: Table) -> str:
+    console = Console(width=300, record=True, color_system=None)
+    console.print(table)
+    return console.export_text()
+
+
+def cells(table: Table) -> list[list[str]]:
+    """The table's cells, row by row, as the strings handed to rich."""
+    return [list(row) for row in zip(*(col._cells for col in table.columns))]
+
+
+def test_results_table_headers_and_cells():
+    table = results_table([POINT], "p90")
+    assert [c.header for c in table.columns] == [
+        "server", "prompt", "output", "load", "ok", "failed", "req/s", "out tok/s", "total tok/s",
+        "TTFT med", "TTFT p90", "TPOT med", "ITL med", "ITL p90", "E2E med", "goodput",
+    ]  # fmt: skip
+    assert cells(table) == [
+        [
+            "llmopt", "128", "32", "c=4", "40", "2", "3.14", "1,234.6", "5,678.9",
+            "101", "151", "12.3", "11.1", "20.0", "880", "2.50",
+        ]
+    ]  # fmt: skip
+    assert [c.justify for c in table.columns][:5] == ["left", "right", "right", "left", "right"]
+    assert "1,234.6" in text(table)
+
+
+def test_results_table_without_goodput_or_latencies_shows_dashes():
+    point = {**POINT, "ttft_ms": latency(None, None, None), "itl_ms": {"median": None}}
+    del point["goodput"]
+    [row] = cells(results_table([point]))
+    assert row[9:11] == ["-", "-"] and row[13] == "-" and row[-1] == "-"
+
+
+def test_report_point_table_is_the_console_table_less_its_extra_columns():
+    assert POINT_HEADERS == [
+        "server", "in", "out", "load", "ok", "failed", "req/s", "out tok/s",
+        "TTFT med", "TTFT p99", "TPOT med", "ITL med", "ITL p99", "E2E med", "goodput",
+    ]  # fmt: skip
+    run = Run("r", None, {}, [POINT], [])
+    [row] = point_rows(run)
+    [console_row] = cells(results_table([POINT], "p99"))
+    assert row == console_row[:8] + console_row[9:]
+    assert row[9] == "200" and row[12] == "33.3"  # the p99 columns
+
+
+def test_cost_table():
+    models = [
+        PricingModel("tok", "token", input_per_1m=3.0, output_per_1m=15.0),
+        PricingModel("flat", "request", per_request=0.04),
+        PricingModel("gpu", "gpu-hour", per_hour=2.0),
+    ]
+    table = cost_table(price(models, 8000, 500, 1000), 8000, 500, 1000)
+    assert table.title == "8,000 prompt + 500 output tokens per request"
+    assert [c.header for c in table.columns] == [
+        "pricing model",
+        "kind",
+        "$ / request",
+        "$ / 1M output tokens",
+        "$ for 1,000 requests",
+        "break-even prompt length",
+    ]
+    rows = {row[0]: row for row in cells(table)}
+    assert rows["tok"] == ["tok", "token", "$0.0315", "$63.0000", "$31.5000", "flat: > 10,833 tokens"]
+    assert rows["flat"][2:5] == ["$0.0400", "$80.0000", "$40.0000"]
+    assert rows["gpu"][2:] == ["-", "-", "- (give --request-throughput)", "-"]
+
+
+def test_quant_table():
+    report = QuantReport(
+        method="gptq",
+        bits=4,
+        group_size=64,
+        calibration_samples=16,
+        seq_len=128,
+        seconds=61.4,
+        size_before_mb=538.1,
+        size_after_mb=120.04,
+        perplexity_before=10.0,
+        perplexity_after=10.5,
+        decode_tok_s_before=40.0,
+        decode_tok_s_after=50.0,
+        source="src",
+        out="out",
+    )
+    table = quant_table(report)
+    assert (table.title, table.caption) == ("GPTQ 4-bit, group 64", "16 calibration samples, 61 s")
+    assert [c.header for c in table.columns] == ["", "before", "after"]
+    assert cells(table) == [
+        ["size (MB)", "538.1", "120.0"],
+        ["perplexity", "10.000", "10.500"],
+        ["  change", "", "+5.0 %"],
+        ["decode tok/s (batch 1)", "40.0", "50.0"],
+        ["  speed-up", "", "1.25x"],
+    ]
+    report.group_size = None
+    assert quant_table(report).title == "GPTQ 4-bit, per channel"
