@@ -1,3 +1,5 @@
+"""The engine's stepping thread, so that a server's event loop stays free while the model runs."""
+
 from __future__ import annotations
 
 import logging
@@ -22,6 +24,10 @@ class EngineThread:
         self.engine = engine
         self._wakeup = threading.Event()
         self._stopping = False
+        # Held while a request is checked and queued, and while stopping is set: no request can be queued
+        # after the final abort_all (it would never get an output, and its client would wait forever).
+        self._intake = threading.Lock()
+        self.failure: str | None = None  # why a step failed: the engine then serves nothing more
         self._thread = threading.Thread(target=self._run, name="llmopt-engine", daemon=True)
 
     def start(self) -> None:
@@ -34,9 +40,12 @@ class EngineThread:
         request_id: str,
         on_output: Callable[[RequestOutput], None],
     ) -> None:
-        if self._stopping:
-            raise RuntimeError("the engine is shutting down")
-        self.engine.add_request(prompt, params, request_id, on_output)
+        with self._intake:
+            if self.failure is not None:
+                raise RuntimeError(f"the engine failed and serves no more requests ({self.failure})")
+            if self._stopping:
+                raise RuntimeError("the engine is shutting down")
+            self.engine.add_request(prompt, params, request_id, on_output)
         self._wakeup.set()
 
     def abort(self, request_id: str) -> None:
@@ -47,9 +56,15 @@ class EngineThread:
     def stopping(self) -> bool:
         return self._stopping
 
+    @property
+    def healthy(self) -> bool:
+        """The thread is stepping (or waiting for work) and no step has failed."""
+        return self.failure is None and self._thread.is_alive() and not self._stopping
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop stepping; every unfinished request gets its final output with finish_reason 'abort'."""
-        self._stopping = True
+        with self._intake:
+            self._stopping = True
         self._wakeup.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -63,7 +78,9 @@ class EngineThread:
                 continue
             try:
                 engine.step()
-            except Exception:  # a bug must not leave clients hanging: end every request, keep serving
-                log.exception("engine step failed; aborting the running requests")
-                engine.abort_all()
+            except Exception as exc:  # the step itself failed: its state is unknown, so serve no more
+                log.exception("engine step failed; every request ends and /health reports the failure")
+                with self._intake:
+                    self.failure = f"{type(exc).__name__}: {exc}"
+                break
         engine.abort_all()

@@ -132,7 +132,7 @@ class LLMEngine:
     def abort_all(self) -> list[RequestOutput]:
         """End every queued and running request with finish_reason 'abort', without running the model
         (used when shutting down, or after a failed step)."""
-        self._drain_queues_new()
+        self._drain_new()
         for request_id in list(self._requests):
             self.abort_request(request_id)
         return self._drain_queues()
@@ -144,17 +144,23 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests) or not self._new.empty()
 
-    def _drain_queues_new(self) -> None:
+    def _drain_new(self) -> None:
         while not self._new.empty():
             request = self._new.get()
             self._requests[request.seq.request_id] = request
             self.scheduler.add(request.seq)
 
     def _drain_queues(self) -> list[RequestOutput]:
-        self._drain_queues_new()
-        outputs = []
+        """Take in new requests and apply aborts. The aborts are taken first: an abort always follows its
+        request's add, so every abort taken here finds its request, even one whose add and abort both
+        landed while the queues were being drained (taking new requests first would lose that abort)."""
+        abort_ids = []
         while not self._aborts.empty():
-            request = self._requests.get(self._aborts.get())
+            abort_ids.append(self._aborts.get())
+        self._drain_new()
+        outputs = []
+        for request_id in abort_ids:
+            request = self._requests.get(request_id)
             if request is not None:
                 self.scheduler.finish(request.seq, "abort")
                 outputs.append(self._finish(request, []))
@@ -178,11 +184,6 @@ class LLMEngine:
         ]
         logits = self.runner.run(batch, counts)
         starts = list(itertools.accumulate(counts, initial=0))
-        for seq, start, count in zip(batch.seqs, starts, counts):
-            if count and not seq.spec_token_ids:
-                ban_stop_tokens(
-                    logits[start : start + count], self.eos_token_ids, seq.params, seq.num_output_tokens
-                )
         greedy = greedy_tokens(logits)  # one call for every row (one per sequence: 4 % of a 16-row step)
         now = time.perf_counter()
         for seq, n, start, count in zip(batch.seqs, batch.num_new_tokens, starts, counts):
@@ -190,13 +191,26 @@ class LLMEngine:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
                 continue
-            new_tokens = self._next_tokens(
-                seq, n, logits[start : start + count], greedy[start : start + count]
-            )
-            seq.token_ids.extend(new_tokens)
-            self.block_manager.cache_full_blocks(seq)
-            outputs.append(self._emit(seq, new_tokens, now))
+            rows = slice(start, start + count)
+            try:
+                outputs.append(self._advance(seq, n, logits[rows], greedy[rows], now))
+            except Exception as exc:  # this request's sampling, stop check or text failed: it alone ends
+                log.exception("request %s failed; the batch goes on", seq.request_id)
+                outputs.append(self._fail(seq, exc))
         return outputs
+
+    def _advance(
+        self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int], now: float
+    ) -> RequestOutput:
+        """Sample (or verify) `seq`'s next tokens from its logits rows and hand them out."""
+        if not seq.spec_token_ids:  # a verification bans stop tokens itself, row by row
+            ban_stop_tokens(logits, self.eos_token_ids, seq.params, seq.num_output_tokens)
+            if seq.params.min_tokens > seq.num_output_tokens:
+                greedy = greedy_tokens(logits)  # the batched pick saw the logits before the ban
+        new_tokens = self._next_tokens(seq, n, logits, greedy)
+        seq.token_ids.extend(new_tokens)
+        self.block_manager.cache_full_blocks(seq)
+        return self._emit(seq, new_tokens, now)
 
     def _next_tokens(self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int]) -> list[int]:
         """The tokens `seq` gains from this step's `n` computed tokens and their `logits` rows: one sampled
@@ -254,14 +268,20 @@ class LLMEngine:
             request.on_output(output)
         return output
 
-    def _finish(self, request: Request, new_tokens: list[int]) -> RequestOutput:
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        """End one request with finish_reason 'error' (its blocks freed), leaving every other one be."""
+        self.scheduler.finish(seq, "error")
+        request = self._requests[seq.request_id]
+        return self._finish(request, [], error=f"{type(exc).__name__}: {exc}")
+
+    def _finish(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
         seq = request.seq
         seq.finish_time = time.perf_counter()
         del self._requests[seq.request_id]
         if self.proposer is not None:
             self.proposer.release(seq.request_id)
         self.prompt_tokens_total += seq.num_prompt_tokens
-        self.requests_finished += seq.finish_reason != "abort"
+        self.requests_finished += seq.finish_reason in ("stop", "length")
         output = RequestOutput(
             seq.request_id,
             new_tokens,
@@ -271,6 +291,7 @@ class LLMEngine:
             prompt_tokens=seq.num_prompt_tokens,
             output_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens,
+            error=error,
         )
         if request.on_output is not None:
             request.on_output(output)

@@ -17,6 +17,7 @@ class RequestOutput:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int = 0
+    error: str | None = None  # finish_reason "error": why this request alone failed
 
 
 @dataclass

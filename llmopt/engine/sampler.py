@@ -46,4 +46,12 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     if params.greedy:
         return greedy_tokens(logits)
     probs = probabilities(logits, params)
+    if not sampleable(probs):
+        raise ValueError("no token can be sampled: the logits are not finite or every token is banned")
     return torch.multinomial(probs, 1, generator=generator).squeeze(1).tolist()
+
+
+def sampleable(probs: torch.Tensor) -> bool:
+    """False for a row with no finite, positive mass (every token banned, or NaN logits), which
+    multinomial would fail on."""
+    return bool(torch.isfinite(probs).all()) and not bool((probs.sum(dim=-1) <= 0).any())

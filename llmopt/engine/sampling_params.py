@@ -2,13 +2,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Temperatures below this sample greedily, as vLLM does: dividing logits by 1e-39 overflows to inf and
+# the softmax to NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
     """Per-request decoding settings (the OpenAI/vLLM subset the engine honours)."""
 
     max_tokens: int = 16
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # 0 (or below GREEDY_BELOW_TEMPERATURE) means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
     seed: int | None = None
@@ -37,4 +41,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE

@@ -37,7 +37,7 @@ class Sequence:
         self.spec_accepted_ema: float | None = None  # recent accepted tokens per proposal
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_preemptions = 0
-        self.finish_reason: str | None = None  # "stop", "length" or "abort"
+        self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else seed)

@@ -39,8 +39,51 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, request_validation_error_handler)
     app.middleware("http")(api_key_check(settings.api_key))
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(build_router(engine, engine_thread, metrics, settings))
     return app
+
+
+class BodyLimit:
+    """ASGI middleware answering 413 to a request body over `max_bytes`: at once when Content-Length
+    says so; a chunked body is read up to the limit first (so at most `max_bytes` are ever held) and
+    handed on whole, since the route's own body reading turns any error into a 400."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                return await self.too_large(scope, receive, send)
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left while sending
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self.too_large(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:
+                return await receive()  # what follows the body: the disconnect message
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def too_large(self, scope, receive, send) -> None:
+        message = f"the request body is larger than {self.max_bytes} bytes"
+        error = APIError(413, message, code="body_too_large")
+        await error.response()(scope, receive, send)
 
 
 def api_key_check(api_key: str | None) -> Callable[[Request, CallNext], Awaitable[Response]]:

@@ -32,6 +32,11 @@ def aborted_error(shutting_down: bool) -> APIError:
     return APIError(500, "the engine failed while serving this request; see the server log", "server_error")
 
 
+def request_failed(reason: str | None) -> APIError:
+    """This request alone failed inside the engine (its sampling or stop check); the others go on."""
+    return APIError(500, f"the engine failed on this request: {reason}", "server_error")
+
+
 async def api_error_handler(_: Request, exc: APIError) -> JSONResponse:
     return exc.response()
 
@@ -43,4 +48,5 @@ async def request_validation_error_handler(_: Request, exc: RequestValidationErr
     if first.get("type") == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {first.get('msg')}").response()
     where = ".".join(loc) or "body"
-    return APIError(400, f"{where}: {first.get('msg')}", param=loc[-1] if loc else None).response()
+    # The top-level field is the param, as OpenAI names it; the message keeps the whole path.
+    return APIError(400, f"{where}: {first.get('msg')}", param=loc[0] if loc else None).response()

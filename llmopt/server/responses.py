@@ -4,16 +4,19 @@ a ResponseShape says; the rest, usage included, is written once for both."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmopt.engine.outputs import RequestOutput
-from llmopt.server.errors import aborted_error
+from llmopt.server.errors import APIError, aborted_error, request_failed
 from llmopt.server.protocol import SamplingRequest
 from llmopt.server.request_group import RequestGroup
 
@@ -110,12 +113,36 @@ class Reply:
         }
 
 
-async def respond(req: SamplingRequest, group: RequestGroup, shape: ResponseShape, model: str) -> Response:
+async def respond(
+    req: SamplingRequest, group: RequestGroup, shape: ResponseShape, model: str, http_request: Request
+) -> Response:
     reply = Reply.new(shape, model)
-    if req.stream:
+    if req.stream:  # a stream notices a gone client when a write fails, and aborts then
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(group, reply, include_usage), media_type="text/event-stream")
-    return await complete(group, reply)
+    watcher = asyncio.create_task(abort_on_disconnect(http_request, group))
+    try:
+        return await complete(group, reply)
+    finally:
+        watcher.cancel()
+
+
+async def abort_on_disconnect(http_request: Request, group: RequestGroup) -> None:
+    """A JSON response writes nothing until it is complete, so only the ASGI disconnect message tells
+    that its client left: then the engine stops generating for it and its KV blocks go back."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while (await http_request.receive())["type"] != "http.disconnect":
+            pass
+        group.abort()
+
+
+def ended_early(out: RequestOutput, group: RequestGroup) -> APIError | None:
+    """The error a finished output stands for: an abort (shutdown, failed step) or this request's failure."""
+    if out.finish_reason == "abort":
+        return aborted_error(group.engine_thread.stopping)
+    if out.finish_reason == "error":
+        return request_failed(out.error)
+    return None
 
 
 async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
@@ -126,8 +153,8 @@ async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
     async for index, out in group.outputs():
         texts[index] += out.new_text
         if out.finished:
-            if out.finish_reason == "abort":
-                raise aborted_error(group.engine_thread.stopping)
+            if (error := ended_early(out, group)) is not None:
+                raise error
             finish[index] = out.finish_reason
         usage.add(out, index, group.n_per_prompt)
     shape = reply.shape
@@ -149,9 +176,8 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
         yield chunk([shape.choice(i, shape.opening(), None) for i in range(len(group.request_ids))])
     usage = Usage()
     async for index, out in group.outputs():
-        if out.finished and out.finish_reason == "abort":
-            error = aborted_error(group.engine_thread.stopping)
-            yield _event({"error": {"message": error.message, "type": error.type}})
+        if out.finished and (error := ended_early(out, group)) is not None:
+            yield _event({"error": {"message": error.message, "type": error.type, "code": error.status}})
             yield DONE
             return
         if out.new_text or out.finished:

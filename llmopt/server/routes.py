@@ -3,11 +3,13 @@ Each generation route validates, builds the prompt tokens, admits the request an
 
 from __future__ import annotations
 
+import asyncio
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
-from fastapi import APIRouter
-from fastapi.responses import Response
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmopt.engine.engine_thread import EngineThread
@@ -15,7 +17,13 @@ from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.admission import Admission
 from llmopt.server.errors import APIError
 from llmopt.server.metrics import ServerMetrics
-from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from llmopt.server.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    MAX_ENGINE_REQUESTS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+)
 from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, respond
 from llmopt.server.settings import ServerSettings
 
@@ -24,7 +32,11 @@ def build_router(
     engine: LLMEngine, engine_thread: EngineThread, metrics: ServerMetrics, settings: ServerSettings
 ) -> APIRouter:
     routes = Routes(
-        engine, metrics, settings, Admission(engine, engine_thread, metrics, settings.max_queue_len)
+        engine,
+        engine_thread,
+        metrics,
+        settings,
+        Admission(engine, engine_thread, metrics, settings.max_queue_len),
     )
     router = APIRouter()
     router.add_api_route("/health", routes.health, methods=["GET"])
@@ -38,12 +50,24 @@ def build_router(
 @dataclass(frozen=True)
 class Routes:
     engine: LLMEngine
+    engine_thread: EngineThread
     metrics: ServerMetrics
     settings: ServerSettings
     admission: Admission
+    # Tokenizing and chat templating run here, off the event loop: a long prompt must not stall every
+    # other stream. One worker, because the engine thread decodes with the same tokenizer and one
+    # encoder at a time is what the tokenizer's Rust core is safe with.
+    tokenizer_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="llmopt-tokenize")
+    )
 
-    async def health(self) -> dict:
-        return {"status": "ok"}
+    async def health(self) -> Response:
+        """200 while the engine steps; 503 once a step has failed or the server is stopping (a load
+        balancer or orchestrator should then route elsewhere or restart it)."""
+        if self.engine_thread.healthy:
+            return JSONResponse({"status": "ok"})
+        reason = self.engine_thread.failure or "shutting down"
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
 
     async def prometheus_metrics(self) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -58,22 +82,37 @@ class Routes:
         }
         return {"object": "list", "data": [model]}
 
-    async def completions(self, req: CompletionRequest) -> Response:
+    async def completions(self, req: CompletionRequest, request: Request) -> Response:
         self.check_common(req)
         if req.echo:
             raise APIError(400, "echo is not supported by this server", param="echo")
-        group = self.admission.start(req, self.prompt_token_ids(req), req.max_tokens)
-        return await respond(req, group, TEXT_COMPLETION, self.settings.served_model_name)
+        prompts = await self.off_loop(self.prompt_token_ids, req)
+        max_tokens = req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+        group = self.admission.start(req, prompts, max_tokens)
+        return await respond(req, group, TEXT_COMPLETION, self.settings.served_model_name, request)
 
-    async def chat_completions(self, req: ChatCompletionRequest) -> Response:
+    async def chat_completions(self, req: ChatCompletionRequest, request: Request) -> Response:
         self.check_common(req)
+        for i, message in enumerate(req.messages):
+            if (kind := message.non_text_part()) is not None:
+                raise APIError(
+                    400,
+                    f"content parts of type {kind!r} are not supported: this server reads text only",
+                    param=f"messages[{i}].content",
+                )
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        prompt = await self.off_loop(self.chat_prompt, messages)
+        group = self.admission.start(req, [prompt], req.max_completion_tokens or req.max_tokens)
+        return await respond(req, group, CHAT_COMPLETION, self.settings.served_model_name, request)
+
+    async def off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
+
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
         try:
-            prompt = self.engine.chat_token_ids(messages)
+            return self.engine.chat_token_ids(messages)
         except Exception as exc:  # the model's own chat template rejects the conversation
             raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
-        group = self.admission.start(req, [prompt], req.max_completion_tokens or req.max_tokens)
-        return await respond(req, group, CHAT_COMPLETION, self.settings.served_model_name)
 
     def check_common(self, req: SamplingRequest) -> None:
         if req.model is not None and req.model != self.settings.served_model_name:
@@ -82,10 +121,17 @@ class Routes:
             )
         if req.logprobs:
             raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+        if (name := req.unsupported_field()) is not None:
+            raise APIError(400, f"{name} is not supported by this server", param=name)
 
     def prompt_token_ids(self, req: CompletionRequest) -> list[list[int]]:
         """One token list per prompt, whichever of OpenAI's four prompt forms the request uses."""
         prompt = req.prompt
+        count = 1 if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt) else len(prompt)
+        if count * req.n > MAX_ENGINE_REQUESTS:  # refused before any tokenizing
+            raise APIError(
+                400, f"prompts x n may be at most {MAX_ENGINE_REQUESTS} in one request", param="prompt"
+            )
         if isinstance(prompt, str):
             prompts = [self.engine.tokenize(prompt)]
         elif prompt and all(isinstance(p, int) for p in prompt):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass
 
 import uvicorn
 
-from llmopt.checkpoints import DEFAULT_MODEL
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.app import create_app
@@ -24,7 +24,7 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.app = app
         self.model_name = model_name
-        self.api_key = api_key
+        self.api_key = api_key  # never printed: logs end up in files (bench run folders, CI output)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -35,8 +35,10 @@ class Server(uvicorn.Server):
             for sock in server.sockets:
                 host, port = sock.getsockname()[:2]
         url = f"http://{host}:{port}"
-        auth = f' -H "Authorization: Bearer {self.api_key}"' if self.api_key else ""
+        auth = ' -H "Authorization: Bearer $LLMOPT_API_KEY"' if self.api_key else ""
         print(f"llmopt serving {self.model_name} at {url}/v1", flush=True)
+        if self.api_key:
+            print(f"/v1 needs the API key (the one ending in {self.api_key[-4:]!r})", flush=True)
         print(
             f"try: curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
             f'-d \'{{"model": "{self.model_name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
@@ -48,21 +50,31 @@ class Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(
-    config: EngineConfig,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    served_model_name: str | None = None,
-    api_key: str | None = None,
-    max_queue_len: int | None = None,
-) -> None:
+@dataclass(frozen=True)
+class Listener:
+    """Where uvicorn listens and how many connections it holds: beyond `limit_concurrency` open
+    connections new ones get 503, and idle keep-alive connections close after `timeout_keep_alive` s, so
+    slow or idle clients cannot hold every socket."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    limit_concurrency: int | None = 1024
+    timeout_keep_alive: float = 5.0
+
+
+def serve(config: EngineConfig, settings: ServerSettings, listener: Listener) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     engine = LLMEngine(config)
-    name = served_model_name or (config.model or DEFAULT_MODEL)
-    app = create_app(engine, ServerSettings(name, api_key, max_queue_len))
+    app = create_app(engine, settings)
     uvicorn_config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5
+        app,
+        host=listener.host,
+        port=listener.port,
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        limit_concurrency=listener.limit_concurrency,
+        timeout_keep_alive=listener.timeout_keep_alive,
     )
-    Server(uvicorn_config, app, name, api_key).run()
+    Server(uvicorn_config, app, settings.served_model_name, settings.api_key).run()

@@ -199,6 +199,7 @@ def test_min_tokens_holds_back_eos(llm, temperature):
     assert len(held.token_ids) >= 30
 
 
+@pytest.mark.slow  # several CLI processes, seconds each
 def test_unseeded_requests_draw_the_same_seed_in_every_process():
     # str hash() is salted per process (PYTHONHASHSEED); a request's default seed must not be.
     code = "from llmopt.engine.llm_engine import request_seed; print(request_seed(0, 'req-7'))"
@@ -213,3 +214,51 @@ def test_unseeded_requests_draw_the_same_seed_in_every_process():
         for salt in ("1", "2")
     }
     assert len(seeds) == 1
+
+
+def test_one_failing_request_ends_alone_and_the_batch_goes_on(llm, hf_greedy):
+    engine = llm.engine
+    vocab = engine.runner.model.config.vocab_size
+    # Every token banned while min_tokens holds, and sampled: nothing can be drawn for this request.
+    banned = list(range(vocab))
+    impossible = SamplingParams(max_tokens=4, temperature=1.0, min_tokens=2, stop_token_ids=banned)
+    ok_id = engine.add_request(PROMPTS[0], SamplingParams(max_tokens=12, temperature=0))
+    bad_id = engine.add_request(PROMPTS[1], impossible)
+    finals, tokens = {}, []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == ok_id:
+                tokens += out.new_token_ids
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals[bad_id].finish_reason == "error" and "no token can be sampled" in finals[bad_id].error
+    assert tokens == hf_greedy(tuple(engine.tokenize(PROMPTS[0])), 12)
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_an_abort_that_lands_while_the_queues_drain_is_not_lost(llm):
+    engine = llm.engine
+    params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    drain_new = engine._drain_new
+    request_id = None
+
+    def drain_then_race() -> None:
+        # Another thread adds a request and aborts it right after the new-request queue was emptied.
+        nonlocal request_id
+        drain_new()
+        if request_id is None:
+            request_id = engine.add_request("Once upon a time", params)
+            engine.abort_request(request_id)
+
+    engine._drain_new = drain_then_race
+    try:
+        finals = {}
+        engine.step()
+        for _ in range(5):
+            for out in engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+    finally:
+        engine._drain_new = drain_new
+    assert finals[request_id].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()

@@ -192,14 +192,17 @@ def test_bad_input_is_a_clear_client_error(server, path, body, status, param):
 
 
 def test_client_disconnect_mid_stream_frees_the_kv_cache(server):
-    body = {"prompt": "Tell me a very long story.", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    # 700 tokens take 20+ s here: only an abort frees the blocks within the 5 s allowed.
+    body = {"prompt": "Tell me a very long story.", "max_tokens": 700, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", headers=HEADERS, json=body, timeout=60) as r:
         lines = r.iter_lines()
         received = [next(lines) for _ in range(6)]
         assert any(line.startswith("data: ") for line in received)
         assert server.metrics()["llmopt:kv_blocks_used"] > 0
-    m = server.wait_idle()
+    left = time.monotonic()
+    m = server.wait_idle(timeout=5)
     assert m["llmopt:kv_blocks_used"] == 0 and m["llmopt:num_requests_running"] == 0
+    assert time.monotonic() - left < 5
 
 
 def test_200_concurrent_streams_on_a_tiny_pool(server, async_client, client):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from llmopt.engine.block_manager import BlockManager
-from llmopt.engine.sampler import greedy_tokens, probabilities
+from llmopt.engine.sampler import greedy_tokens, probabilities, sampleable
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode.config import SpeculativeConfig
@@ -73,6 +73,8 @@ class DraftProposer:
                     [token] = greedy_tokens(row_logits)
                 else:
                     p = probabilities(row_logits, params)
+                    if not sampleable(p):  # any q keeps the verifier exact; one-hot is always valid
+                        p = torch.nn.functional.one_hot(row_logits.argmax(-1), p.shape[-1]).float()
                     token = int(torch.multinomial(p[0], 1, generator=seq.generator))
                     probs[i].append(p[0])
                 state.num_computed_tokens = len(state.token_ids)
