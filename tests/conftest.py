@@ -6,6 +6,7 @@ calibration set), each made once, on first use."""
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import time
@@ -68,7 +69,10 @@ def model_dir():
 
 @pytest.fixture(scope="session")
 def llm(model_dir) -> LLM:
-    return LLM(str(model_dir), num_kv_blocks=512)
+    llm = LLM(str(model_dir), num_kv_blocks=512)
+    if os.environ.get("LLMOPT_REQUIRE_KERNELS"):  # CI: the engine tests must run the compiled kernels
+        assert llm.engine.runner.use_kernels, "LLMOPT_REQUIRE_KERNELS is set but the engine runs without them"
+    return llm
 
 
 @pytest.fixture(scope="session")
