@@ -1,16 +1,25 @@
 """Async streaming client: one request, timed from the moment it is sent to its last byte.
 
 Speaks only HTTP (OpenAI's /v1/completions and /v1/chat/completions with `stream: true`), so it
-measures any compatible server: ours, vLLM, llama.cpp, a paid API.
+measures any compatible server: ours, vLLM, llama.cpp, a paid API. Whatever a server answers, `send`
+returns a record: a malformed, truncated or stalled response fails that one request, never the load point.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import aiohttp
+
+from llmopt.bench.redact import redact_text
+
+# A stream line longer than this fails its request: a server that never ends a line must not fill the
+# client's memory. aiohttp's own readline stops at 128 KiB, which a long chunk of text can pass.
+MAX_LINE_BYTES = 16 * 2**20
+ERROR_BODY_BYTES = 64 * 2**10  # of a non-200 answer, enough for its message
 
 
 @dataclass
@@ -51,7 +60,7 @@ class Target:
     api: str = "chat"  # "chat" or "completions"
     api_key: str | None = None
     ignore_eos: bool = True  # vLLM's extension; fixes output lengths where the server takes it
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # a request fails once the server sends nothing for this long
 
     @property
     def url(self) -> str:
@@ -81,17 +90,81 @@ class Target:
         return body
 
 
-STALE_CONNECTION_RETRIES = 4
+class ResponseError(Exception):
+    """The response says the request failed, or is no OpenAI stream; the message is the record's error."""
+
+
+class LineReader:
+    """A response body as lines of any length up to `max_bytes`, one network read's worth at a time.
+
+    Not aiohttp's readline: it gives up at 128 KiB with LineTooLong, an exception no ClientError."""
+
+    def __init__(self, stream: aiohttp.StreamReader, max_bytes: int | None = None):
+        self._stream = stream
+        self._pending: list[bytes] = []  # the start of a line not yet ended, in pieces (no re-copying)
+        self._pending_bytes = 0
+        self.max_bytes = max_bytes or MAX_LINE_BYTES
+
+    async def next_lines(self) -> list[bytes] | None:
+        """The lines that the next read completes (without their b"\\n"); None at the end of the body."""
+        while True:
+            data = await self._stream.readany()
+            if not data:
+                tail = b"".join(self._pending)
+                self._pending, self._pending_bytes = [], 0
+                return [tail] if tail else None
+            if b"\n" not in data:
+                self._hold(data)
+                continue
+            if self._pending:
+                data = b"".join(self._pending) + data
+                self._pending, self._pending_bytes = [], 0
+            *lines, tail = data.split(b"\n")
+            if tail:
+                self._hold(tail)
+            return lines
+
+    def _hold(self, piece: bytes) -> None:
+        self._pending.append(piece)
+        self._pending_bytes += len(piece)
+        if self._pending_bytes > self.max_bytes:
+            raise ResponseError(f"a stream line over {self.max_bytes} bytes")
 
 
 def chunk_text(chunk: dict) -> str:
-    choices = chunk.get("choices") or []
+    """The text a stream chunk adds: its first choice's delta content (chat) or text (completions)."""
+    choices = chunk.get("choices")
     if not choices:
         return ""
+    if not isinstance(choices, list) or not isinstance(choices[0], dict):
+        raise ResponseError(f"malformed chunk: choices is not a list of objects: {str(choices)[:100]}")
     choice = choices[0]
     if "delta" in choice:
-        return (choice["delta"] or {}).get("content") or ""
-    return choice.get("text") or ""
+        delta = choice["delta"] or {}
+        if not isinstance(delta, dict):
+            raise ResponseError(f"malformed chunk: delta is not an object: {str(delta)[:100]}")
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    if text is None or isinstance(text, str):
+        return text or ""
+    raise ResponseError(f"malformed chunk: content is not a string: {str(text)[:100]}")
+
+
+def parse_chunk(data: bytes) -> tuple[str, dict | None]:
+    """(text, usage) of one `data:` payload; ResponseError for an error chunk or one that is malformed."""
+    try:
+        chunk = json.loads(data)
+    except ValueError as exc:
+        raise ResponseError(f"malformed chunk: not JSON ({exc}): {data[:100]!r}") from None
+    if not isinstance(chunk, dict):
+        raise ResponseError(f"malformed chunk: not a JSON object: {data[:100]!r}")
+    if chunk.get("error"):
+        raise ResponseError(f"stream error: {error_message(json.dumps(chunk))}")
+    usage = chunk.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise ResponseError(f"malformed chunk: usage is not an object: {str(usage)[:100]}")
+    return chunk_text(chunk), usage
 
 
 async def send(
@@ -100,83 +173,112 @@ async def send(
     req: BenchRequest,
     index: int,
     t0: float,
-    count_tokens=None,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> RequestRecord:
-    """Send one streamed request and time it. Never raises for an HTTP or network failure: the record
-    says what went wrong. `count_tokens(text)` counts output tokens when the server gives no usage."""
-    for attempt in range(STALE_CONNECTION_RETRIES + 1):
-        try:
-            return await _send_once(session, target, req, index, t0, count_tokens)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            # A pooled keep-alive connection the server had already closed (llama.cpp's server closes
-            # them after a few requests or seconds): nothing was received, so send again, timed afresh.
-            if attempt == STALE_CONNECTION_RETRIES or isinstance(exc, aiohttp.ClientConnectorError):
-                return failed_record(index, req, t0, exc)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            return failed_record(index, req, t0, exc)
-    raise AssertionError("unreachable")
+    """Send one streamed request and time it. Never raises: the record says what went wrong.
+    `count_tokens(text)` counts output tokens when the server gives no usage.
 
-
-def failed_record(index: int, req: BenchRequest, t0: float, exc: BaseException) -> RequestRecord:
-    record = RequestRecord(index=index, prompt_tokens=req.prompt_tokens, start=time.perf_counter() - t0)
-    record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    A failed request is never sent again: a POST that may have reached the server may have been served
+    (and counted there), so a re-send would measure two requests as one."""
+    record = RequestRecord(index=index, prompt_tokens=req.prompt_tokens)
+    try:
+        await _exchange(session, target, req, record, t0, count_tokens)
+    except ResponseError as exc:
+        record.error = str(exc)
+    except TimeoutError as exc:
+        record.error = f"timeout: nothing received for {target.timeout_s:g} s ({describe(exc)})"
+    except Exception as exc:  # noqa: BLE001 - whatever one response does costs that request, not the point
+        record.error = describe(exc)
+    if record.error is not None:
+        record.success = False
+        record.error = redact_text(record.error, target.api_key)  # a server may echo the key it got
     return record
 
 
-async def _send_once(
-    session, target: Target, req: BenchRequest, index: int, t0: float, count_tokens
-) -> RequestRecord:
-    record = RequestRecord(index=index, prompt_tokens=req.prompt_tokens)
-    text_parts: list[str] = []
-    usage = None
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _exchange(
+    session: aiohttp.ClientSession,
+    target: Target,
+    req: BenchRequest,
+    record: RequestRecord,
+    t0: float,
+    count_tokens: Callable[[str], int] | None,
+) -> None:
+    """One request, its answer read into `record`; a failure raises (see `send`)."""
     sent = time.perf_counter()
     record.start = sent - t0
-    last = sent
     async with session.post(target.url, json=target.payload(req), headers=target.headers()) as resp:
         record.status = resp.status
         if resp.status != 200:
-            body = await resp.text()
-            record.error = f"HTTP {resp.status}: {error_message(body)}"
-            return record
-        try:
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    record.error = f"stream error: {error_message(json.dumps(chunk))}"
-                    break
-                usage = chunk.get("usage") or usage
-                text = chunk_text(chunk)
-                if not text:
-                    continue
-                now = time.perf_counter()
-                if record.ttft is None:
-                    record.ttft = now - sent
-                else:
-                    record.itl.append(now - last)
-                last = now
-                text_parts.append(text)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # failed mid-stream: no retry
-            record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            return record
+            body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
+            raise ResponseError(f"HTTP {resp.status}: {error_message(body)}")
+        text_parts, usage = await _read_stream(LineReader(resp.content), record, sent)
     record.e2e = time.perf_counter() - sent
     if usage:
-        record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
-        record.output_tokens = usage.get("completion_tokens", 0)
-        record.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        apply_usage(record, usage)
     else:
         record.tokens_from = "local"
+    if record.tokens_from == "local":
         text = "".join(text_parts)
         record.output_tokens = count_tokens(text) if count_tokens else len(text_parts)
-    if record.ttft is None and record.error is None:
-        record.error = "no content received"
-    record.success = record.error is None
-    return record
+    if record.ttft is None:
+        raise ResponseError("no content received")
+    record.success = True
+
+
+async def _read_stream(
+    lines: LineReader, record: RequestRecord, sent: float
+) -> tuple[list[str], dict | None]:
+    """Read the SSE stream to its `data: [DONE]`, timing each content chunk into `record`; return the
+    chunks' texts and the last usage seen."""
+    text_parts: list[str] = []
+    usage = None
+    last = sent
+    while (batch := await lines.next_lines()) is not None:
+        for line in batch:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                return text_parts, usage
+            text, chunk_usage = parse_chunk(data)
+            if chunk_usage:
+                usage = chunk_usage
+            if not text:
+                continue
+            now = time.perf_counter()
+            if record.ttft is None:
+                record.ttft = now - sent
+            else:
+                record.itl.append(now - last)
+            last = now
+            text_parts.append(text)
+    raise ResponseError("stream ended without [DONE]")
+
+
+def apply_usage(record: RequestRecord, usage: dict) -> None:
+    """The server's token counts into `record`; a count left out (or null) is counted here instead."""
+    details = usage.get("prompt_tokens_details") or {}
+    if not isinstance(details, dict):
+        raise ResponseError(f"malformed usage: prompt_tokens_details is not an object: {str(details)[:100]}")
+    counts = {
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "cached_tokens": details.get("cached_tokens"),
+    }
+    for name, value in counts.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ResponseError(f"malformed usage: {name} is not a count: {str(value)[:100]}")
+    if counts["prompt_tokens"] is not None:
+        record.prompt_tokens = counts["prompt_tokens"]
+    record.cached_tokens = counts["cached_tokens"]
+    if counts["completion_tokens"] is None:
+        record.tokens_from = "local"
+    else:
+        record.output_tokens = counts["completion_tokens"]
 
 
 def error_message(body: str) -> str:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from llmopt.bench.launcher import llmopt_serve_command
 from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
+from llmopt.bench.redact import is_api_key_arg, redact_args
+from llmopt.bench.rundir import check_server_name
 from llmopt.bench.runner import LoadPoint
 from llmopt.bench.workload import WORKLOADS
 
@@ -26,10 +28,24 @@ class ServerSpec:
     model: str | None = None
     args: dict = field(default_factory=dict)
 
+    @property
+    def api_key(self) -> str | None:
+        """The `api-key` of `args`. The server gets it in its environment (launcher.llmopt_serve_env),
+        not on its command line, which every user of the machine can read."""
+        keys = [value for key, value in self.args.items() if is_api_key_arg(key)]
+        return str(keys[-1]) if keys else None
+
+    def recorded_args(self) -> dict:
+        """`args` as a run folder keeps them: without the API key."""
+        return redact_args(self.args)
+
     def flags(self) -> list[str]:
-        """`args` as `llmopt serve` flags: True -> --flag, False -> --no-flag, tables and lists as JSON."""
+        """`args` as `llmopt serve` flags: True -> --flag, False -> --no-flag, tables and lists as JSON;
+        the API key is left out (see `api_key`)."""
         flags: list[str] = [self.model] if self.model else []
         for key, value in self.args.items():
+            if is_api_key_arg(key):
+                continue
             flag = "--" + key.replace("_", "-")
             if value is True:
                 flags.append(flag)
@@ -73,6 +89,7 @@ class BenchConfig:
     ignore_eos: bool = True
     tokenizer: str | None = None
     seed: int = 0
+    request_timeout: float = 600.0  # a request fails once the server sends nothing for this many seconds
     recipe: str | None = None
 
     def validate(self) -> None:
@@ -97,10 +114,24 @@ class BenchConfig:
             raise BenchError("prompt and output lengths and --num-requests must be >= 1")
         if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
             raise BenchError("--max-error-rate is a fraction between 0 and 1")
+        if not self.request_timeout > 0:
+            raise BenchError("--request-timeout must be a positive number of seconds")
         try:
             parse_slo(self.slo)
+            for server in self.servers:
+                check_server_name(server.name)
         except ValueError as exc:
             raise BenchError(str(exc)) from None
+        names = [server.name for server in self.servers]
+        if len(set(names)) < len(names):
+            raise BenchError(f"server names must differ (each names its points and log): {', '.join(names)}")
+
+    def recorded(self) -> dict:
+        """The settings as a run folder keeps them (summary.json): JSON values, without any API key,
+        neither ours nor a local server's."""
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+        values["servers"] = [{**server, "args": redact_args(server["args"])} for server in values["servers"]]
+        return json.loads(json.dumps(values))
 
     def load_points(self) -> list[LoadPoint]:
         common = {

@@ -22,21 +22,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` reads its API key
+
+
 def llmopt_serve_command(port: int, args: list[str]) -> list[str]:
     return [sys.executable, "-m", "llmopt.cli", "serve", "--port", str(port), *args]
+
+
+def llmopt_serve_env(api_key: str | None) -> dict[str, str]:
+    """The environment of a local `llmopt serve`: ours, with `api_key` in $LLMOPT_API_KEY (a command
+    line is readable by every user of the machine, an environment is not), or no key at all, whatever
+    our own environment holds, so that the server asks for exactly the key the bench sends."""
+    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+    if api_key:
+        env[API_KEY_ENV] = api_key
+    return env
 
 
 class LocalServer:
     """A server process on 127.0.0.1. `command(port)` builds its command line; its output goes to a log."""
 
-    def __init__(self, command, ready_timeout_s: float = 300, log_path: Path | None = None):
+    def __init__(
+        self,
+        command,
+        ready_timeout_s: float = 300,
+        log_path: Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout_s = ready_timeout_s
         self._temporary_log = log_path is None  # removed on stop; a caller's log is kept
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llmopt-server-", suffix=".log")[1])
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(command(self.port), stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(command(self.port), stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def wait_ready(self) -> LocalServer:
         deadline = time.monotonic() + self.ready_timeout_s

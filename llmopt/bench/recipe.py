@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.rundir import check_server_name
 from llmopt.files import read_toml
 
 # {table: {recipe key: BenchConfig field}}
@@ -30,6 +31,7 @@ TABLES: dict[str, dict[str, str]] = {
         "warmup": "warmup",
         "slo": "slo",
         "max_error_rate": "max_error_rate",
+        "request_timeout": "request_timeout",
     },
 }
 # Fields that hold one value per sweep axis: a recipe may give one number or a list.
@@ -77,5 +79,10 @@ def _servers(path: Path, entries: object) -> list[ServerSpec]:
             raise BenchError(f"{path}: unknown key(s) in [[serve]] #{i + 1}: {', '.join(sorted(unknown))}")
         if not isinstance(entry.get("args", {}), dict):
             raise BenchError(f"{path}: [[serve]] #{i + 1}: args must be a table")
-        servers.append(ServerSpec(entry.get("name", f"serve-{i}"), entry.get("model"), entry.get("args", {})))
+        name = entry.get("name", f"serve-{i}")
+        try:
+            check_server_name(name)
+        except ValueError as exc:
+            raise BenchError(f"{path}: [[serve]] #{i + 1}: {exc}") from None
+        servers.append(ServerSpec(name, entry.get("model"), entry.get("args", {})))
     return servers

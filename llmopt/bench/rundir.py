@@ -18,6 +18,7 @@ import io
 import json
 import os
 import platform
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -44,6 +45,16 @@ CSV_FIELDS = [
     "goodput",
 ]
 CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+# A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
+SERVER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_server_name(name: object) -> None:
+    """ValueError for a server name that could not safely be part of a file name in the run folder."""
+    if not isinstance(name, str) or not SERVER_NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"server name {name!r}: server names may use letters, digits, '-', '_', '.' (no '..')"
+        )
 
 
 @dataclass
@@ -67,6 +78,7 @@ class RunDir:
         return self.path / REPORT
 
     def server_log(self, server: str) -> Path:
+        check_server_name(server)
         return self.path / f"server-{server}.log"
 
     def is_run(self) -> bool:
@@ -95,8 +107,11 @@ class RunDir:
         return self.read_summary()["points"]
 
     def write_summaries(self, points: list[dict], settings: dict) -> None:
-        _replace(self.summary, json.dumps({"settings": settings, "points": points}, indent=2))
-        _replace(self.summary_csv, summary_csv(points))
+        # Both texts first: a point that cannot be written leaves both files as they were, still a pair.
+        summary = json.dumps({"settings": settings, "points": points}, indent=2)
+        table = summary_csv(points)
+        _replace(self.summary, summary)
+        _replace(self.summary_csv, table)
 
     def read_records(self) -> list[dict]:
         return [record for _, record in self._record_lines()]
@@ -142,9 +157,15 @@ def _replace(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file and a rename, so a reader or a crash never sees
     half of it."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename, so that a power cut cannot leave it empty
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def machine_info() -> dict:

@@ -64,10 +64,7 @@ async def run_point(
 ) -> PointResult:
     """Drive one load point. Each finished record is written to `records_out` at once (one JSON line,
     tagged with `point_key`), so an interrupted run keeps everything that finished."""
-    timeout = aiohttp.ClientTimeout(total=target.timeout_s)
-    # Idle keep-alive connections are dropped before servers drop them (llama.cpp's after 5 s).
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with client_session(target) as session:
         if point.warmup:
             pool = point.warmup_requests or requests
             warm = [pool[i % len(pool)] for i in range(point.warmup)]
@@ -106,6 +103,18 @@ async def run_point(
             await _open_loop(session, target, work, point, deadline, stop, finished, count_tokens, t0)
         wall = time.perf_counter() - t0
     return PointResult(records, wall, stop[0] if stop else None)
+
+
+def client_session(target: Target) -> aiohttp.ClientSession:
+    """The session a load point sends through.
+
+    No total timeout: a long answer may take as long as it takes, as long as it keeps coming; a server
+    that stops sending fails the request after `target.timeout_s`. Idle keep-alive connections are
+    dropped after 3 s, before servers drop them (llama.cpp's and uvicorn's after 5 s): the bench never
+    re-sends a request, so it must not send one on a connection the server is closing."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=target.timeout_s, sock_read=target.timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector)
 
 
 async def _closed_loop(session, target, work, width, deadline, stop, finished, count_tokens, t0=None) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import datetime as dt
 import functools
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -20,8 +20,9 @@ import httpx
 
 from llmopt.bench.client import Target
 from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
-from llmopt.bench.launcher import LocalServer
+from llmopt.bench.launcher import LocalServer, llmopt_serve_env
 from llmopt.bench.metrics import parse_slo, summarize
+from llmopt.bench.resume import check_resumable
 from llmopt.bench.rundir import RunDir, machine_info
 from llmopt.bench.runner import LoadPoint, run_point
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
@@ -61,9 +62,10 @@ def run_sweep(
     """Run every point not yet done; return all point summaries of the run (old and new)."""
     config.validate()
     run = RunDir(run_dir)
-    done = open_run(run, resume)
+    recorded = config.recorded()
+    done = open_run(run, resume, recorded)
     settings = {
-        "config": {k: v for k, v in asdict(config).items() if k != "api_key"},
+        "config": recorded,
         "started": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_info(),
     }
@@ -88,14 +90,17 @@ def run_sweep(
     return sweep.points
 
 
-def open_run(run: RunDir, resume: bool) -> list[dict]:
-    """Make the run folder; on resume return its finished points and drop the records of the others."""
+def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
+    """Make the run folder; on resume check that `config` (as recorded) is the run's, return its
+    finished points and drop the records of the others."""
     if run.holds_files() and not resume:
         raise BenchError(
             f"{run.path} already holds a run: pass --resume to continue it, or another --run-name"
         )
     run.path.mkdir(parents=True, exist_ok=True)
-    done = run.load_summaries() if resume else []
+    summary = run.read_summary() if resume else {"settings": {}, "points": []}
+    check_resumable(summary["settings"].get("config") or {}, config)
+    done = summary["points"]
     run.keep_records_of({p["key"] for p in done})
     return done
 
@@ -115,13 +120,19 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
     if not todo:
         return
     log = sweep.run.server_log(server_name)
-    server = LocalServer(spec.command, ready_timeout_s=600, log_path=log) if spec else None
+    server = None
+    if spec is not None:
+        server = LocalServer(
+            spec.command, ready_timeout_s=600, log_path=log, env=llmopt_serve_env(spec.api_key)
+        )
+    # A local server's own key, if its args give one, else ours (sent to a server that may ignore it).
+    api_key = (spec.api_key if spec else None) or config.api_key
     try:
         if server is not None:
             server.wait_ready()
         endpoint = server.url + "/v1" if server else config.endpoint
-        model = config.model or first_model(endpoint, config.api_key)
-        target = Target(endpoint, model, config.api, config.api_key, config.ignore_eos)
+        model = config.model or first_model(endpoint, api_key)
+        target = Target(endpoint, model, config.api, api_key, config.ignore_eos, config.request_timeout)
         for index, cell in todo:
             summary = run_cell(sweep, target, server_name, spec, index, cell)
             sweep.points.append(summary)
@@ -167,7 +178,7 @@ def run_cell(
             "load": point.label,
             "concurrency": point.concurrency,
             "request_rate": point.request_rate,
-            "server_args": spec.args if spec else None,
+            "server_args": spec.recorded_args() if spec else None,
             "stopped_early": result.stopped_early,
         }
     )

@@ -27,7 +27,7 @@ from llmopt.cli.render import results_table
 # default. These keep their name and value:
 AS_GIVEN = (
     "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
-    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed"
+    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout"
 ).split()
 
 
@@ -87,6 +87,10 @@ DatasetOption = Annotated[Path | None, typer.Option(help="JSONL or ShareGPT JSON
 SloOption = Annotated[str | None, typer.Option(help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")]
 PercentilesOption = Annotated[str, typer.Option(help="percentiles to report")]
 MaxErrorRateOption = Annotated[float | None, typer.Option(help="stop a point once this share fails")]
+RequestTimeoutOption = Annotated[
+    float | None,
+    typer.Option(help="fail a request once the server sends nothing for this many seconds; default: 600"),
+]
 IgnoreEosOption = Annotated[bool, typer.Option(help="send ignore_eos so outputs have the asked length")]
 TokenizerOption = Annotated[
     str | None, typer.Option(help="tokenizer for prompt lengths (model or tokenizer folder, .gguf)")
@@ -118,6 +122,7 @@ def bench(
     slo: SloOption = None,
     percentiles: PercentilesOption = "50,90,99",
     max_error_rate: MaxErrorRateOption = None,
+    request_timeout: RequestTimeoutOption = None,
     ignore_eos: IgnoreEosOption = True,
     tokenizer: TokenizerOption = None,
     run_name: RunNameOption = None,

@@ -10,6 +10,7 @@ from pathlib import Path
 from jinja2 import Environment
 
 from llmopt.bench.metrics import parse_slo
+from llmopt.bench.redact import redact_args
 from llmopt.pricing import PricingModel, cost_table, load_pricing
 from llmopt.report import plots
 from llmopt.report.data import Run, load_run
@@ -32,7 +33,8 @@ def run_settings(run: Run) -> list[tuple[str, str]]:
     config = s.get("config", {})
     endpoints = sorted({p.get("endpoint", "") for p in run.points})
     models = sorted({p.get("model", "") for p in run.points})
-    servers = {p["server"]: p.get("server_args") for p in run.points}
+    # Redacted here too: a run folder written before the bench redacted them may hold a server's key.
+    servers = {p["server"]: redact_args(p.get("server_args")) for p in run.points}
     machine = s.get("machine", {})
     return [
         ("endpoint(s)", ", ".join(endpoints)),

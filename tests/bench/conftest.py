@@ -6,8 +6,9 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -36,12 +37,21 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     return save_word_tokenizer(tmp_path_factory.mktemp("tokenizer") / "tok")
 
 
+# A scripted answer to one completion request: writes the whole response (or none) to the handler.
+Reply = Callable[["ScriptedOpenAI", dict], None]
+
+
 class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
     """A stand-in for an OpenAI-compatible server: /v1/models lists one model, and both completion
     routes stream `max_tokens` one-word chunks, then the usage. Every request's path and body is kept
-    in `seen`, so a test can check what the bench sent."""
+    in `seen` and its Authorization header in `auth`, so a test can check what the bench sent. A test
+    that puts replies in `replies` gets each next request answered by the next of them instead (bad
+    servers: see `sse`, `hang_up`, `stall`, `answer`)."""
 
     seen: list[tuple[str, dict]]
+    auth: list[str | None]
+    replies: list[Reply]
+    released: threading.Event  # set when the endpoint shuts down: a stalled reply then ends
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
         if self.path != "/v1/models":
@@ -57,8 +67,12 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.seen.append((self.path, request))
+        self.auth.append(self.headers.get("Authorization"))
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             self.send_error(404)
+            return
+        if self.replies:
+            self.replies.pop(0)(self, request)
             return
         chat = self.path == "/v1/chat/completions"
         self.send_response(200)
@@ -75,21 +89,86 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def event_stream(handler: ScriptedOpenAI) -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.end_headers()
+
+
+def content(text: str) -> bytes:
+    """A chat stream chunk that adds `text`."""
+    return json.dumps({"choices": [{"index": 0, "delta": {"content": text}}]}).encode()
+
+
+def sse(*payloads: bytes, done: bool = True) -> Reply:
+    """A 200 stream of `data: PAYLOAD` events, ended by `data: [DONE]` unless `done` is False."""
+
+    def reply(handler: ScriptedOpenAI, request: dict) -> None:
+        event_stream(handler)
+        for payload in payloads + ((b"[DONE]",) if done else ()):
+            handler.wfile.write(b"data: " + payload + b"\n\n")
+
+    return reply
+
+
+def hang_up(handler: ScriptedOpenAI, request: dict) -> None:
+    """Read the request, then close the connection without a word: a server that crashed or closed a
+    keep-alive connection. The request may have been served, so the bench must not send it again."""
+
+
+def stall(gap_s: float = 0.0, chunks: int = 1, then_stop: bool = True) -> Reply:
+    """`chunks` content chunks `gap_s` apart, then (`then_stop`) nothing until the endpoint shuts down,
+    or else the end of a whole stream."""
+
+    def reply(handler: ScriptedOpenAI, request: dict) -> None:
+        event_stream(handler)
+        for _ in range(chunks):
+            handler.wfile.write(b"data: " + content("word ") + b"\n\n")
+            handler.wfile.flush()
+            time.sleep(gap_s)
+        if then_stop:
+            handler.released.wait(60)
+        else:
+            handler.wfile.write(b"data: [DONE]\n\n")
+
+    return reply
+
+
+def answer(status: int, body: str) -> Reply:
+    """A plain (not streamed) answer: an error status with its body."""
+
+    def reply(handler: ScriptedOpenAI, request: dict) -> None:
+        data = body.encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    return reply
+
+
 @dataclass
 class Endpoint:
     url: str  # the API base, .../v1
     seen: list[tuple[str, dict]]  # (path, body) of every completion request, in arrival order
+    auth: list[str | None] = field(default_factory=list)  # their Authorization headers
+    replies: list[Reply] = field(default_factory=list)  # scripted answers to the next requests
 
 
 @pytest.fixture
 def openai_endpoint() -> Iterator[Endpoint]:
-    seen: list[tuple[str, dict]] = []
-    handler = type("Handler", (ScriptedOpenAI,), {"seen": seen})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    endpoint = Endpoint("", [])
+    released = threading.Event()
+    shared = {"seen": endpoint.seen, "auth": endpoint.auth, "replies": endpoint.replies, "released": released}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (ScriptedOpenAI,), shared))
+    # Polled often, so that shutting it down after each test takes no half second.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
+    endpoint.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
-        yield Endpoint(f"http://127.0.0.1:{server.server_address[1]}/v1", seen)
+        yield endpoint
     finally:
+        released.set()
         server.shutdown()
         server.server_close()

@@ -178,3 +178,15 @@ def test_the_command_line_overrides_a_recipe_only_with_the_flags_given(tmp_path,
 
     bare = with_overrides(BenchConfig(), settings_from_options(bench_options()))
     assert bare == BenchConfig()  # with no recipe and no flags, BenchConfig's defaults are the defaults
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "a\\b", "..", "x\0y", "a:b"])
+def test_validate_refuses_a_server_name_that_is_no_safe_file_name(name):
+    with pytest.raises(BenchError, match=r"server name .*: server names may use letters, digits"):
+        BenchConfig(servers=[ServerSpec("ok"), ServerSpec(name)]).validate()
+
+
+def test_validate_refuses_two_servers_of_one_name():
+    with pytest.raises(BenchError, match="server names must differ"):
+        BenchConfig(servers=[ServerSpec("a"), ServerSpec("a", args={"max-num-seqs": 2})]).validate()
+    BenchConfig(servers=[ServerSpec("a.1"), ServerSpec("A_2-b")]).validate()

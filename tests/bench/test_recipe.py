@@ -87,3 +87,19 @@ def test_a_broken_recipe_is_a_bench_error_naming_the_file(tmp_path, text, messag
 def test_a_missing_recipe_says_so(tmp_path):
     with pytest.raises(BenchError, match="recipe not found: .*nope.toml"):
         load_recipe(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "a\\\\b", "..", "x..y", "/abs", "a b", "", "~root"])
+def test_a_server_name_that_could_leave_the_run_folder_is_refused(tmp_path, name):
+    path = tmp_path / "r.toml"
+    path.write_text(f"[[serve]]\nname = '{name}'\nargs = {{ max-num-seqs = 2 }}\n")
+    message = r"r.toml: \[\[serve\]\] #1: server name .*: server names may use letters, digits, '-', '_', '.'"
+    with pytest.raises(BenchError, match=message):
+        load_recipe(path)
+
+
+def test_a_server_name_that_is_no_string_is_refused(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text("[[serve]]\nname = 5\n")
+    with pytest.raises(BenchError, match="server name 5: server names may use"):
+        load_recipe(path)

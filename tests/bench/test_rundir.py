@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 
 import pytest
 
@@ -62,6 +63,44 @@ def test_file_names_live_in_one_place(tmp_path):
         "server-batch-4.log",
     ]
     assert all(p.parent == tmp_path for p in names)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "a\\b", "..", "/etc/x", ""])
+def test_a_server_log_stays_in_the_run_folder(tmp_path, name):
+    with pytest.raises(ValueError, match="server names may use letters, digits, '-', '_', '.'"):
+        RunDir(tmp_path).server_log(name)
+
+
+def test_a_summary_that_cannot_be_written_leaves_both_files_as_they_were(tmp_path):
+    run = RunDir(tmp_path)
+    run.write_summaries([point("a", "concurrency=1", 0.2)], {"config": {}})
+    before = (run.summary.read_text(), run.summary_csv.read_text())
+    broken = {k: v for k, v in point("b", "concurrency=2", 0.4).items() if k != "e2e_ms"}
+    with pytest.raises(KeyError):
+        run.write_summaries([point("a", "concurrency=1", 0.2), broken], {"config": {}})
+    assert (run.summary.read_text(), run.summary_csv.read_text()) == before
+
+
+def test_summaries_reach_the_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):
+    synced, replaced = [], []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(
+        os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real_fsync(fd)
+    )
+    monkeypatch.setattr(os, "replace", lambda a, b: replaced.append((str(a), str(b))) or real_replace(a, b))
+    run = RunDir(tmp_path)
+    run.write_summaries([point("a", "concurrency=1", 0.2)], {})
+    temporaries = [str(tmp_path / ".summary.json.tmp"), str(tmp_path / ".summary.csv.tmp")]
+    assert synced == temporaries
+    assert replaced == [(temporaries[0], str(run.summary)), (temporaries[1], str(run.summary_csv))]
+
+    def full_disk(a, b):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        run.write_summaries([], {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv", "summary.json"]  # no temp files
 
 
 def test_keep_records_of_drops_the_unfinished_points_records(tmp_path):
