@@ -1,0 +1,48 @@
+"""`llmopt serve --speculative-config` over HTTP: the same greedy text as the server without
+speculation, and the spec counters in /metrics."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.conftest import API_KEY, LiveServer
+
+HEADERS = {"Authorization": f"Bearer {API_KEY}"}
+COPY = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def spec_server(model_dir):
+    spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
+    with LiveServer("--api-key", API_KEY, "--num-kv-blocks", "64", "--speculative-config", spec) as s:
+        yield s
+
+
+def test_speculation_serves_the_same_greedy_text_and_counts_it(spec_server, server):
+    body = {"prompt": COPY, "max_tokens": 24, "temperature": 0}
+    plain = httpx.post(server.url + "/v1/completions", headers=HEADERS, json=body, timeout=120).json()
+    with httpx.stream(
+        "POST",
+        spec_server.url + "/v1/completions",
+        headers=HEADERS,
+        json={**body, "stream": True},
+        timeout=120,
+    ) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == plain["choices"][0]["text"]
+    m = spec_server.wait_idle()
+    assert m["llmopt:spec_decode_num_drafts_total"] > 0
+    assert (
+        0
+        < m["llmopt:spec_decode_num_accepted_tokens_total"]
+        <= m["llmopt:spec_decode_num_draft_tokens_total"]
+    )
+
+
+def test_max_completion_tokens_bounds_a_chat_answer(server):
+    body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_completion_tokens": 5}
+    r = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, json={**body, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
