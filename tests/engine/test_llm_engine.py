@@ -193,10 +193,13 @@ def test_min_tokens_holds_back_eos(llm, temperature):
     prompt = llm.chat_prompt("Say hi.")
     [free] = llm.generate([prompt], SamplingParams(max_tokens=40, temperature=temperature, seed=2))
     assert free.finish_reason == "stop" and len(free.token_ids) < 30  # the model stops early on its own
+    # The same seed: the free run stopped early, so only min_tokens can make this one run on.
     [held] = llm.generate(
-        [prompt], SamplingParams(max_tokens=40, min_tokens=30, temperature=temperature, seed=3)
+        [prompt], SamplingParams(max_tokens=40, min_tokens=30, temperature=temperature, seed=2)
     )
     assert len(held.token_ids) >= 30
+    if temperature == 0:  # greedy: the same tokens up to where the free run stopped
+        assert held.token_ids[: len(free.token_ids) - 1] == free.token_ids[:-1]
 
 
 @pytest.mark.slow  # several CLI processes, seconds each

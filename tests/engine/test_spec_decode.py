@@ -227,6 +227,18 @@ def test_an_int4_copy_of_the_target_as_draft_equals_transformers(model_dir, hf_g
         num_kv_blocks=256,
         speculative_config={"method": "draft", "model": str(gptq_dir), "num_speculative_tokens": 3},
     )
+    proposer = llm.engine.proposer
+    propose = proposer.propose
+    catch_up: list[set[int]] = []  # per draft batch: tokens each known sequence's draft is behind
+
+    def recording(seqs, ks):
+        known = [s for s in seqs if s.request_id in proposer.states]
+        computed = [min(proposer.states[s.request_id].num_computed_tokens, len(s) - 1) for s in known]
+        catch_up.append({len(s) - c for s, c in zip(known, computed)})
+        return propose(seqs, ks)
+
+    proposer.propose = recording
     check_equal(llm, hf_greedy, REPETITIVE[:2] + PROMPTS[:4], 24)
     stats = llm.engine.stats()
     assert 0 < stats.spec_accepted_tokens < stats.spec_draft_tokens
+    assert any({1, 2} <= behind for behind in catch_up), "no draft batch mixed accepted and rejected"
