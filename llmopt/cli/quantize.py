@@ -40,6 +40,7 @@ def quantize(
 
     from llmopt.checkpoints import ModelError
     from llmopt.cli.render import quant_table
+    from llmopt.quant.out_folder import CheckpointWriteError
     from llmopt.quant.quantize import QuantizeConfig, QuantStackMissing
     from llmopt.quant.quantize import quantize as run_quantize
     from llmopt.quant.report import REPORT_FILE
@@ -61,7 +62,7 @@ def quantize(
         )
         with progress:
             report = run_quantize(config, step)
-    except (ModelError, ValueError, QuantStackMissing) as exc:
+    except (ModelError, ValueError, QuantStackMissing, CheckpointWriteError) as exc:
         raise fail(str(exc)) from None
     Console().print(quant_table(report))
     console.print(f"checkpoint: {out}  (report: {out / REPORT_FILE})")

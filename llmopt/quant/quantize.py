@@ -3,7 +3,8 @@
 
 The job: check the options against the model, stage the checkpoint in a folder beside `--out`, run
 llm-compressor's oneshot into it, measure before and after, and rename it into place only when done.
-What each method means lives in recipes.py; what is measured, in report.py.
+What each method means lives in recipes.py; what is measured, in report.py; how `--out` is checked,
+staged and replaced, in out_folder.py.
 """
 
 from __future__ import annotations
@@ -11,16 +12,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+from safetensors import SafetensorError
+
+from llmopt.quant.out_folder import (
+    CheckpointWriteError,
+    make_staging_dir,
+    model_sources,
+    publish,
+    refuse_existing,
+    refuse_source_overlap,
+    remove_stale_staging,
+)
 from llmopt.quant.recipes import BITS, CALIBRATION_SAMPLES, METHODS, PIPELINES, choose_group_size, recipe
-from llmopt.quant.report import REPORT_FILE, QuantReport, checkpoint_size_mb, decode_speed
+from llmopt.quant.report import QuantReport, checkpoint_size_mb, decode_speed, write_report
 
 INSTALL_HINT = "pip install 'llmopt[quant]'"
 
@@ -72,77 +83,86 @@ def require_quant_stack() -> None:
         ) from None
 
 
-def writable_staging_dir(out: Path, overwrite: bool) -> Path:
-    """A temporary folder beside `out` (the final rename is atomic within one file system)."""
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"{out} already exists: choose another --out or pass --overwrite")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    except OSError as exc:
-        raise ValueError(f"cannot write to {out.parent}: {exc.strerror}") from None
-
-
-def publish(staging: Path, out: Path) -> None:
-    """Move the finished checkpoint into place; an old one (with --overwrite) is replaced whole."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}-old-{os.getpid()}")
-        os.rename(out, old)
-    os.rename(staging, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def quantize(
     config: QuantizeConfig, step: Callable[[str], AbstractContextManager] = lambda _: nullcontext()
 ) -> QuantReport:
     """Quantize `config.model` into `config.out`; `step(description)` wraps each long step (progress)."""
     from llmopt.checkpoints import load_tokenizer, resolve_model
     from llmopt.evaluate.data import calibration_samples, split_tokens
-    from llmopt.evaluate.perplexity import perplexity
 
+    # Before any work: an --out over the source would be deleted by --overwrite, or written into it.
+    refuse_source_overlap(config.out, model_sources(config.model))
     model_dir = resolve_model(config.model)
+    refuse_source_overlap(config.out, [model_dir])  # a GGUF's (or the default's) converted folder
+    # Before the existing-checkpoint check: a killed run's old checkpoint may be moved back to --out.
+    remove_stale_staging(config.out)
+    refuse_existing(config.out, config.overwrite)
     group_size = choose_group_size(config.method, config.bits, config.group_size, model_dir)
     require_quant_stack()
     tokenizer = load_tokenizer(model_dir)
     samples = calibration_samples(
         split_tokens(tokenizer, config.calib).calibration, config.calib_samples, config.seq_len
     )
-    staging = writable_staging_dir(config.out, config.overwrite)
+    staging = make_staging_dir(config.out)
     try:
-        with step("perplexity and decode speed before"):
-            ppl_before = perplexity(str(model_dir), config.calib, config.eval_seq_len, config.eval_windows)
-            speed_before = decode_speed(model_dir)
-        with step(
-            f"{config.method.upper()} {config.bits}-bit on {len(samples)} samples of {config.seq_len} tokens"
-        ):
-            seconds = run_oneshot(model_dir, staging, tokenizer, samples, config, group_size)
-        with step("perplexity and decode speed after"):
-            ppl_after = perplexity(str(staging), config.calib, config.eval_seq_len, config.eval_windows)
-            speed_after = decode_speed(staging)
-        report = QuantReport(
-            method=config.method,
-            bits=config.bits,
-            group_size=group_size,
-            calibration_samples=len(samples),
-            seq_len=config.seq_len,
-            seconds=round(seconds, 1),
-            size_before_mb=round(checkpoint_size_mb(model_dir), 1),
-            size_after_mb=round(checkpoint_size_mb(staging), 1),
-            perplexity_before=round(ppl_before.perplexity, 4),
-            perplexity_after=round(ppl_after.perplexity, 4),
-            decode_tok_s_before=round(speed_before, 1),
-            decode_tok_s_after=round(speed_after, 1),
-            source=str(model_dir),
-            out=str(config.out.resolve()),
-            scheme=json.loads((staging / "config.json").read_text())["quantization_config"],
-        )
-        (staging / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        report = quantize_into(staging, model_dir, tokenizer, samples, group_size, config, step)
+        write_report(staging, report)
         publish(staging, config.out)
+    except (OSError, SafetensorError) as exc:  # safetensors reports a full disk as its own error
+        raise CheckpointWriteError(
+            f"quantizing into {config.out} stopped: {reason(exc)} ({config.out} is as it was)"
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def reason(exc: Exception) -> str:
+    """One line: the OS's words and the file (ENOSPC, EACCES), else the message with newlines folded."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return " ".join(str(exc).split())
+
+
+def quantize_into(
+    staging: Path,
+    model_dir: Path,
+    tokenizer,
+    samples: list[list[int]],
+    group_size: int | None,
+    config: QuantizeConfig,
+    step: Callable[[str], AbstractContextManager],
+) -> QuantReport:
+    """Measure the source, write the quantized checkpoint into `staging`, measure it; the report."""
+    from llmopt.evaluate.perplexity import perplexity
+
+    with step("perplexity and decode speed before"):
+        ppl_before = perplexity(str(model_dir), config.calib, config.eval_seq_len, config.eval_windows)
+        speed_before = decode_speed(model_dir)
+    with step(
+        f"{config.method.upper()} {config.bits}-bit on {len(samples)} samples of {config.seq_len} tokens"
+    ):
+        seconds = run_oneshot(model_dir, staging, tokenizer, samples, config, group_size)
+    with step("perplexity and decode speed after"):
+        ppl_after = perplexity(str(staging), config.calib, config.eval_seq_len, config.eval_windows)
+        speed_after = decode_speed(staging)
+    return QuantReport(
+        method=config.method,
+        bits=config.bits,
+        group_size=group_size,
+        calibration_samples=len(samples),
+        seq_len=config.seq_len,
+        seconds=round(seconds, 1),
+        size_before_mb=round(checkpoint_size_mb(model_dir), 1),
+        size_after_mb=round(checkpoint_size_mb(staging), 1),
+        perplexity_before=round(ppl_before.perplexity, 4),
+        perplexity_after=round(ppl_after.perplexity, 4),
+        decode_tok_s_before=round(speed_before, 1),
+        decode_tok_s_after=round(speed_after, 1),
+        source=str(model_dir),
+        out=str(config.out.resolve()),
+        scheme=json.loads((staging / "config.json").read_text())["quantization_config"],
+    )
 
 
 def run_oneshot(

@@ -3,8 +3,9 @@ written beside the checkpoint as quant_report.json."""
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPORT_FILE = "quant_report.json"
@@ -27,6 +28,10 @@ class QuantReport:
     source: str
     out: str
     scheme: dict = field(default_factory=dict)
+
+
+def write_report(folder: Path, report: QuantReport) -> None:
+    (folder / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
 
 
 def checkpoint_size_mb(model_dir: Path) -> float:
