@@ -7,15 +7,19 @@ runs in a process of its own. The bench's own client drives it:
   bench's own overhead plus loopback (an upper bound).
 Baseline in the same run: the same requests sent by a bare aiohttp loop with no timing or parsing.
 Prints a table and writes results/bench_overhead.json.
+
+    .venv/bin/python benchmarks/bench_overhead.py [--concurrency 1,8,32,64] [--requests 3000]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import multiprocessing as mp
 import time
 
 import aiohttp
+from harness import MachineLoad, tail_latency
 from rich.console import Console
 from rich.table import Table
 
@@ -87,8 +91,24 @@ async def bare_loop(url: str, concurrency: int, total: int) -> float:
         return total / (time.perf_counter() - start)
 
 
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument(
+        "--requests", type=int, default=3000, help="requests per point (a third at concurrency 1)"
+    )
+    ap.add_argument("--warmup", type=int, default=50, help="requests before each point, not counted")
+    args = ap.parse_args()
+    if args.requests < 3 or args.warmup < 0:
+        ap.error("--requests must be at least 3 and --warmup at least 0")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    return args
+
+
 def main() -> None:
+    args = parse_args()
     console = Console(width=150)
+    load = MachineLoad.begin(console)
     port = free_port()
     ready = mp.Event()
     proc = mp.Process(target=stub_server, args=(port, ready), daemon=True)
@@ -99,11 +119,11 @@ def main() -> None:
     requests = [BenchRequest(prompt="x", max_tokens=2, prompt_tokens=1)]
     rows = []
     try:
-        for concurrency in (1, 8, 32, 64):
-            total = 3000 if concurrency > 1 else 1000
-            result = asyncio.run(
-                run_point(target, requests, LoadPoint(concurrency=concurrency, num_requests=total, warmup=50))
-            )
+        for concurrency in args.concurrency:
+            # Concurrency 1 sends one request at a time: a third as many keep its point as short as the rest.
+            total = args.requests if concurrency > 1 else args.requests // 3
+            point = LoadPoint(concurrency=concurrency, num_requests=total, warmup=args.warmup)
+            result = asyncio.run(run_point(target, requests, point))
             s = summarize(result.records, result.wall_s)
             assert s["failed"] == 0, s["errors"]
             bare = asyncio.run(bare_loop(endpoint + "/completions", concurrency, total))
@@ -113,19 +133,21 @@ def main() -> None:
                     "bench_req_s": s["request_throughput"],
                     "bare_req_s": bare,
                     "ttft_ms_median": s["ttft_ms"]["median"],
-                    "ttft_ms_p99": s["ttft_ms"]["p99"],
+                    "ttft_tail": tail_latency([r.ttft for r in result.records if r.ttft is not None]),
                 }
             )
     finally:
         proc.terminate()
-    table = Table(title="llmopt bench client against a minimal streaming stub (one bench process)")
+    table = Table(
+        title=load.title("llmopt bench client against a minimal streaming stub (one bench process)")
+    )
     for col in (
         "concurrency",
         "bench req/s",
         "bare aiohttp req/s",
         "bench / bare",
         "TTFT median ms",
-        "TTFT p99 ms",
+        "TTFT tail ms",
     ):
         table.add_column(col, justify="right")
     for r in rows:
@@ -135,15 +157,17 @@ def main() -> None:
             f"{r['bare_req_s']:.0f}",
             f"{r['bench_req_s'] / r['bare_req_s']:.2f}x",
             f"{r['ttft_ms_median']:.3f}",
-            f"{r['ttft_ms_p99']:.3f}",
+            f"{r['ttft_tail']['ms']:.3f} ({r['ttft_tail']['stat']})",
         )
     console.print(table)
     best = max(r["bench_req_s"] for r in rows)
-    added = rows[0]["ttft_ms_median"]
+    added = next((r["ttft_ms_median"] for r in rows if r["concurrency"] == 1), None)
     console.print(
-        f"highest rate: {best:.0f} req/s; added TTFT at concurrency 1 (median, upper bound): {added:.3f} ms"
+        f"highest rate: {best:.0f} req/s; added TTFT at concurrency 1 (median, upper bound): "
+        + ("not measured" if added is None else f"{added:.3f} ms")
     )
-    write_result("bench_overhead", {"rows": rows, "max_req_s": best, "added_ttft_ms": added})
+    summary = {"args": vars(args), "rows": rows, "max_req_s": best, "added_ttft_ms": added}
+    write_result("bench_overhead", {**summary, **load.finish(console)})
 
 
 if __name__ == "__main__":

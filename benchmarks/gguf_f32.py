@@ -6,7 +6,7 @@ be measured on exactly the fp32 weights llmopt serves, next to its own quantized
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import gguf
@@ -43,5 +43,13 @@ def write_f32_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("src", type=Path, help="the GGUF file to copy")
+    ap.add_argument("dst", type=Path, help="where the F32 copy goes (kept as it is when it exists)")
+    args = ap.parse_args()
+    print(write_f32_copy(args.src, args.dst))
+
+
 if __name__ == "__main__":
-    write_f32_copy(Path(sys.argv[1]), Path(sys.argv[2]))
+    main()

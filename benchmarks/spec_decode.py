@@ -9,6 +9,9 @@ results/spec_decode.json.
 
 The draft defaults to the target itself (acceptance at its ceiling, no speed-up: it costs as much as
 the target); pass a cheaper model, such as an int8 or int4 copy, to measure a real draft.
+
+Every run sends the same prompts (the outputs are compared across configurations), so prefix caching is
+off: no run's prefill is served from an earlier run's cache.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import time
 from pathlib import Path
 
+from harness import MachineLoad, rotated
 from rich.console import Console
 from rich.table import Table
 
@@ -71,6 +75,7 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="comma-separated subset of configs, e.g. 'off,ngram k=3'")
     args = ap.parse_args()
     console = Console(width=150)
+    load = MachineLoad.begin(console)
     target = str(resolve_model())
     draft = args.draft_model or target
     configs = {
@@ -89,7 +94,11 @@ def main() -> None:
     results: dict[str, dict] = {}
     reference: dict[tuple[str, int], list[list[int]]] = {}
     engines = {
-        name: LLMEngine(EngineConfig(model=target, speculative_config=spec, num_kv_blocks=512))
+        name: LLMEngine(
+            EngineConfig(
+                model=target, speculative_config=spec, num_kv_blocks=512, enable_prefix_caching=False
+            )
+        )
         for name, spec in configs.items()
     }
     for workload, texts in workloads().items():
@@ -99,10 +108,11 @@ def main() -> None:
             run(engine, prompts[:1], 1, 8)  # warm-up
         for batch in (1, 4):
             console.print(f"{workload}, batch {batch} ...")
-            # Configurations take turns, best of --repeats each: the machine's speed drifts over a run,
-            # and interleaving keeps that drift out of the ratios.
-            for _ in range(args.repeats):
-                for name, engine in engines.items():
+            # Configurations take turns (a different one first each round), best of --repeats each: the
+            # machine's speed drifts over a run, and interleaving keeps that drift out of the ratios.
+            for repeat in range(args.repeats):
+                for name in rotated(list(engines), repeat):
+                    engine = engines[name]
                     before = engine.stats()
                     seconds, outputs = run(engine, prompts, batch, args.max_tokens)
                     after = engine.stats()
@@ -128,7 +138,10 @@ def main() -> None:
     del engines
 
     table = Table(
-        title=f"speculative decoding, greedy, {args.max_tokens} max tokens, draft = {Path(draft).name}"
+        title=load.title(
+            f"speculative decoding, greedy, {args.max_tokens} max tokens, draft = {Path(draft).name}; "
+            f"best of {args.repeats} (configurations take turns), prefix caching off"
+        )
     )
     for col in ("workload", "batch", "config", "tok/s", "speed-up", "acceptance", "tokens/step"):
         table.add_column(col, justify="right")
@@ -151,7 +164,7 @@ def main() -> None:
                     "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}",
                 )
     console.print(table)
-    write_result("spec_decode", {"args": vars(args), "results": results})
+    write_result("spec_decode", {"args": vars(args), "results": results, **load.finish(console)})
 
 
 if __name__ == "__main__":

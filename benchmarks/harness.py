@@ -1,0 +1,127 @@
+"""What the benchmarks share: the machine's load average (printed and recorded at the start and the end
+of every run; a comparison against a peer refuses a busy machine), the order in which subjects take
+turns, prompts cut from the corpus that no earlier prompt of the run used, spreads over rounds, and the
+tail percentile a sample is large enough for."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+from rich.console import Console
+
+from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.text import corpus_token_ids, text_of_length
+
+# Above this 1-minute load average another job shares the 2 cores, and a comparison against llama.cpp
+# or vLLM would measure that job as much as the servers: such comparisons refuse to start.
+BUSY_LOAD = 0.5
+
+
+def load_average() -> float:
+    return os.getloadavg()[0]
+
+
+@dataclass
+class MachineLoad:
+    """The 1-minute load average at the start and end of a run; `busy` is the mark every table and the
+    JSON of a peer comparison carry when it ran on a busy machine anyway (--allow-busy)."""
+
+    start: float
+    end: float | None = None
+    busy: str | None = None
+
+    @classmethod
+    def begin(cls, console: Console, peer_comparison: bool = False, allow_busy: bool = False) -> MachineLoad:
+        load = cls(start=load_average())
+        console.print(f"load average (1 min) at start: {load.start:.2f}")
+        if peer_comparison and load.start > BUSY_LOAD:
+            if not allow_busy:
+                raise SystemExit(
+                    f"the machine is busy (1-minute load average {load.start:.2f}, above {BUSY_LOAD}): a "
+                    "comparison against a peer would measure the other work too. Wait for it to finish, "
+                    "or pass --allow-busy to run anyway (every table is then marked as not a result)."
+                )
+            load.busy = f"BUSY MACHINE: load {load.start:.2f} — not a result"
+            console.print(f"[bold red]{load.busy}[/bold red]")
+        return load
+
+    def title(self, text: str) -> str:
+        """A table title, marked when the run is not a result."""
+        return f"{self.busy}\n{text}" if self.busy else text
+
+    def finish(self, console: Console) -> dict:
+        """Read the load at the end, print both, and return them for the JSON."""
+        self.end = load_average()
+        console.print(f"load average (1 min): {self.start:.2f} at start, {self.end:.2f} at end")
+        if self.busy:
+            console.print(f"[bold red]{self.busy}[/bold red]")
+        record: dict = {"load_average_1min": {"start": self.start, "end": self.end}}
+        if self.busy:
+            record["busy_machine"] = self.busy
+        return record
+
+
+def rotated(items: list, round_index: int) -> list:
+    """`items` starting at a different one each round, so that no subject always runs first (right after
+    a warm-up or a model load) or always right after the same neighbour."""
+    shift = round_index % len(items) if items else 0
+    return items[shift:] + items[:shift]
+
+
+def spread(values: list[float], fmt: str = ".1f") -> str:
+    """min-max of a subject's rounds, shown beside the figure kept."""
+    return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+
+def tail_latency(values_s: list[float]) -> dict:
+    """The highest percentile the sample supports: p99 from 100 samples, p90 from 10, else the maximum
+    (the p99 of 4 samples is just the largest one)."""
+    n = len(values_s)
+    if n == 0:
+        return {"stat": "-", "ms": None, "n": 0}
+    stat, q = ("p99", 99) if n >= 100 else ("p90", 90) if n >= 10 else ("max", 100)
+    return {"stat": stat, "ms": float(np.percentile(np.asarray(values_s) * 1000, q)), "n": n}
+
+
+class CorpusCursor:
+    """Consecutive, non-overlapping windows of the default corpus (about 113,000 tokens of the pydoc
+    topics): every prompt handed out is text no earlier prompt of the run contained, so a prefix cache
+    finds nothing in it but what real text shares. A run that needs more text than the corpus holds
+    stops with a message instead of silently reusing prompts."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids = corpus_token_ids(tokenizer)
+        self.position = 0
+
+    @property
+    def remaining(self) -> int:
+        return len(self.ids) - self.position
+
+    def take(self, length: int) -> list[int]:
+        if length > self.remaining:
+            raise SystemExit(
+                f"the corpus ({len(self.ids)} tokens) has no fresh text left for another {length}-token "
+                "prompt: ask for fewer requests, rounds or shorter prompts"
+            )
+        window = self.ids[self.position : self.position + length]
+        self.position += length
+        return window
+
+    def prompts(self, count: int, length: int) -> list[list[int]]:
+        """`count` token-id prompts of exactly `length` tokens (for the in-process engine)."""
+        return [self.take(length) for _ in range(count)]
+
+    def requests(self, count: int, prompt_len: int, output_len: int) -> list[BenchRequest]:
+        """`count` text prompts that the tokenizer encodes to exactly `prompt_len` tokens (for HTTP)."""
+        # text_of_length may need a few tokens past the cut to land on an exact length.
+        return [
+            BenchRequest(
+                prompt=text_of_length(self.tokenizer, self.take(prompt_len + 8), prompt_len),
+                max_tokens=output_len,
+                prompt_tokens=prompt_len,
+            )
+            for _ in range(count)
+        ]
