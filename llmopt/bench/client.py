@@ -61,6 +61,7 @@ class Target:
     api_key: str | None = None
     ignore_eos: bool = True  # vLLM's extension; fixes output lengths where the server takes it
     timeout_s: float = 600.0  # a request fails once the server sends nothing for this long
+    connection_reuse: bool = True  # False: one connection per request
 
     @property
     def url(self) -> str:

@@ -90,6 +90,9 @@ class BenchConfig:
     tokenizer: str | None = None
     seed: int = 0
     request_timeout: float = 600.0  # a request fails once the server sends nothing for this many seconds
+    # False: a new connection per request, for servers that drop kept-alive connections without saying so
+    # (xllamacpp's llama.cpp server after a stream); the bench never re-sends a request on a dead one.
+    connection_reuse: bool = True
     recipe: str | None = None
 
     def validate(self) -> None:

@@ -32,6 +32,7 @@ TABLES: dict[str, dict[str, str]] = {
         "slo": "slo",
         "max_error_rate": "max_error_rate",
         "request_timeout": "request_timeout",
+        "connection_reuse": "connection_reuse",
     },
 }
 # Fields that hold one value per sweep axis: a recipe may give one number or a list.

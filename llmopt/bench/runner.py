@@ -113,7 +113,10 @@ def client_session(target: Target) -> aiohttp.ClientSession:
     dropped after 3 s, before servers drop them (llama.cpp's and uvicorn's after 5 s): the bench never
     re-sends a request, so it must not send one on a connection the server is closing."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=target.timeout_s, sock_read=target.timeout_s)
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
+    if target.connection_reuse:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
+    else:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
     return aiohttp.ClientSession(timeout=timeout, connector=connector)
 
 

@@ -132,7 +132,15 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
             server.wait_ready()
         endpoint = server.url + "/v1" if server else config.endpoint
         model = config.model or first_model(endpoint, api_key)
-        target = Target(endpoint, model, config.api, api_key, config.ignore_eos, config.request_timeout)
+        target = Target(
+            endpoint,
+            model,
+            config.api,
+            api_key,
+            config.ignore_eos,
+            config.request_timeout,
+            config.connection_reuse,
+        )
         for index, cell in todo:
             summary = run_cell(sweep, target, server_name, spec, index, cell)
             sweep.points.append(summary)

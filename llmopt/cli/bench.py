@@ -27,7 +27,7 @@ from llmopt.cli.render import results_table
 # default. These keep their name and value:
 AS_GIVEN = (
     "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
-    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout"
+    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse"
 ).split()
 
 
@@ -87,6 +87,13 @@ DatasetOption = Annotated[Path | None, typer.Option(help="JSONL or ShareGPT JSON
 SloOption = Annotated[str | None, typer.Option(help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")]
 PercentilesOption = Annotated[str, typer.Option(help="percentiles to report")]
 MaxErrorRateOption = Annotated[float | None, typer.Option(help="stop a point once this share fails")]
+ConnectionReuseOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--connection-reuse/--no-connection-reuse",
+        help="keep-alive connections (default on); off for servers that drop them, such as llama.cpp's",
+    ),
+]
 RequestTimeoutOption = Annotated[
     float | None,
     typer.Option(help="fail a request once the server sends nothing for this many seconds; default: 600"),
@@ -123,6 +130,7 @@ def bench(
     percentiles: PercentilesOption = "50,90,99",
     max_error_rate: MaxErrorRateOption = None,
     request_timeout: RequestTimeoutOption = None,
+    connection_reuse: ConnectionReuseOption = None,
     ignore_eos: IgnoreEosOption = True,
     tokenizer: TokenizerOption = None,
     run_name: RunNameOption = None,

@@ -7,7 +7,7 @@ import asyncio
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.runner import LoadPoint, client_session, run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.conftest import stall
@@ -68,3 +68,11 @@ def test_no_measured_request_shares_a_prompt_with_the_warm_up(openai_endpoint, t
     prompts = [body["prompt"] for _, body in openai_endpoint.seen]
     assert len(prompts) == 2 * (2 + 3)
     assert len(set(prompts)) == len(prompts), "a prompt was sent twice: a prefix cache could serve it"
+
+
+def test_without_connection_reuse_no_connection_is_kept_alive():
+    async def force_close(reuse: bool) -> bool:
+        async with client_session(Target("http://127.0.0.1:1/v1", "m", connection_reuse=reuse)) as session:
+            return session.connector.force_close
+
+    assert asyncio.run(force_close(False)) and not asyncio.run(force_close(True))
