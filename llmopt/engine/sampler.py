@@ -30,6 +30,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_probs = sorted_logits.softmax(dim=-1)
         # Drop a token when the tokens before it already cover top_p; the most likely token always stays.
         drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        drop[..., 0] = False  # a top_p below float32's smallest value rounds to 0 and would drop it too
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
     return logits.softmax(dim=-1)
 
