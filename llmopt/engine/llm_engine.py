@@ -270,9 +270,12 @@ class LLMEngine:
 
     def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
         """End one request with finish_reason 'error' (its blocks freed), leaving every other one be."""
-        self.scheduler.finish(seq, "error")
-        request = self._requests[seq.request_id]
-        return self._finish(request, [], error=f"{type(exc).__name__}: {exc}")
+        error = f"{type(exc).__name__}: {exc}"
+        self.scheduler.finish(seq, "error")  # also right for a sequence already finished: it frees nothing
+        request = self._requests.get(seq.request_id)
+        if request is None:  # it failed after its own end was handed out: nothing is left to end
+            return RequestOutput(seq.request_id, [], "", True, "error", error=error)
+        return self._finish(request, [], error=error)
 
     def _finish(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
         seq = request.seq

@@ -265,3 +265,20 @@ def test_an_abort_that_lands_while_the_queues_drain_is_not_lost(llm):
         engine._drain_new = drain_new
     assert finals[request_id].finish_reason == "abort"
     assert not engine.has_unfinished_requests()
+
+
+def test_a_callback_that_fails_on_the_last_output_ends_only_that_request(llm):
+    engine = llm.engine
+
+    def broken(output) -> None:
+        if output.finished:
+            raise RuntimeError("a client's callback broke")
+
+    engine.add_request(PROMPTS[0], SamplingParams(max_tokens=1, temperature=0), on_output=broken)
+    other = engine.add_request(PROMPTS[1], SamplingParams(max_tokens=3, temperature=0))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():  # must not raise: the failure belongs to one request
+            if out.finished:
+                finals[out.request_id] = out.finish_reason
+    assert finals[other] == "length" and engine.block_manager.num_used_blocks == 0
