@@ -132,6 +132,20 @@ class BlockManager:
             seq.block_hashes.append(h)
             parent = h
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached content of every free block (blocks in use keep theirs: their sequences still
+        read them); return how many were forgotten. What benchmarks call between points, so that no point
+        is served from what an earlier one left."""
+        forgotten = 0
+        for block_id in self.free_block_ids:
+            block = self.blocks[block_id]
+            if block.hash is not None:
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = None, ()
+                forgotten += 1
+        return forgotten
+
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; blocks nobody holds go back to the free list."""
         # Tail blocks first, so that a prefix's later blocks are evicted before its earlier ones.

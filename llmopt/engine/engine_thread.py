@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.outputs import RequestOutput
@@ -28,6 +30,7 @@ class EngineThread:
         # after the final abort_all (it would never get an output, and its client would wait forever).
         self._intake = threading.Lock()
         self.failure: str | None = None  # why a step failed: the engine then serves nothing more
+        self._calls: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llmopt-engine", daemon=True)
 
     def start(self) -> None:
@@ -47,6 +50,21 @@ class EngineThread:
                 raise RuntimeError("the engine is shutting down")
             self.engine.add_request(prompt, params, request_id, on_output)
         self._wakeup.set()
+
+    def call(self, fn: Callable[[], object]) -> Future:
+        """Run `fn` on the engine thread between two steps (the engine's state is only touched there)."""
+        future: Future = Future()
+        self._calls.put((fn, future))
+        self._wakeup.set()
+        return future
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            fn, future = self._calls.get()
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # the caller's to handle, not the engine's
+                future.set_exception(exc)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort_request(request_id)
@@ -72,6 +90,7 @@ class EngineThread:
     def _run(self) -> None:
         engine = self.engine
         while not self._stopping:
+            self._run_calls()
             if not engine.has_unfinished_requests():
                 self._wakeup.wait(0.05)
                 self._wakeup.clear()
@@ -84,3 +103,4 @@ class EngineThread:
                     self.failure = f"{type(exc).__name__}: {exc}"
                 break
         engine.abort_all()
+        self._run_calls()  # what was asked before the end still gets its answer

@@ -137,6 +137,10 @@ class LLMEngine:
             self.abort_request(request_id)
         return self._drain_queues()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the prefix cache's free blocks (call it where steps run: the engine thread)."""
+        return self.block_manager.reset_prefix_cache()
+
     def num_waiting(self) -> int:
         """Requests not yet running (safe to call from any thread)."""
         return len(self.scheduler.waiting) + self._new.qsize()

@@ -30,6 +30,12 @@ LATENCY_BUCKETS = (
 )
 
 
+# Every metric is exported under llmopt's prefix and, where vLLM has the same metric, under vLLM's name
+# too, so GuideLLM's server-metrics scrape and vLLM's Grafana dashboards read llmopt unchanged.
+PREFIXES = ("llmopt", "vllm")
+LLMOPT_ONLY = {"kv_blocks_used", "kv_blocks_total", "spec_decode_mean_acceptance_length"}
+
+
 class EngineCollector:
     def __init__(self, engine: LLMEngine, model_name: str):
         self.engine = engine
@@ -38,39 +44,59 @@ class EngineCollector:
     def describe(self):
         return []
 
+    def family(self, kind, prefix: str, name: str, doc: str, value: float):
+        family = kind(f"{prefix}:{name}", doc, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
     def collect(self):
         s = self.engine.stats()
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(f"llmopt:{name}", doc, labels=list(self.labels))
-            family.add_metric(list(self.labels.values()), value)
-            return family
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(f"llmopt:{name}", doc, labels=list(self.labels))
-            family.add_metric(list(self.labels.values()), value)
-            return family
-
-        yield gauge("num_requests_running", "Requests in the running batch.", s.num_running)
-        yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting)
-        yield gauge("kv_blocks_used", "KV cache blocks in use.", s.kv_blocks_used)
-        yield gauge("kv_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total)
-        yield counter(
-            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries
-        )
-        yield counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.", s.prefix_cache_hits)
-        yield counter("num_preemptions", "Sequences preempted by recompute.", s.num_preemptions)
-        yield counter("prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens)
-        yield counter("generation_tokens", "Generated tokens.", s.generation_tokens)
-        yield counter("request_success", "Requests finished (stop or length).", s.requests_finished)
-        yield counter("spec_decode_num_drafts", "Speculative verification steps.", s.spec_drafts)
-        yield counter("spec_decode_num_draft_tokens", "Proposed tokens.", s.spec_draft_tokens)
-        yield counter("spec_decode_num_accepted_tokens", "Accepted proposed tokens.", s.spec_accepted_tokens)
-        yield gauge(
-            "spec_decode_mean_acceptance_length",
-            "Tokens per verification step.",
-            s.spec_mean_acceptance_length,
-        )
+        values = [
+            (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", s.num_running),
+            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
+            (GaugeMetricFamily, "kv_blocks_used", "KV cache blocks in use.", s.kv_blocks_used),
+            (GaugeMetricFamily, "kv_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total),
+            (
+                CounterMetricFamily,
+                "prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache.",
+                s.prefix_cache_queries,
+            ),
+            (
+                CounterMetricFamily,
+                "prefix_cache_hits",
+                "Prompt tokens served from the prefix cache.",
+                s.prefix_cache_hits,
+            ),
+            (CounterMetricFamily, "num_preemptions", "Sequences preempted by recompute.", s.num_preemptions),
+            (CounterMetricFamily, "prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens),
+            (CounterMetricFamily, "generation_tokens", "Generated tokens.", s.generation_tokens),
+            (
+                CounterMetricFamily,
+                "request_success",
+                "Requests finished (stop or length).",
+                s.requests_finished,
+            ),
+            (CounterMetricFamily, "spec_decode_num_drafts", "Speculative verification steps.", s.spec_drafts),
+            (CounterMetricFamily, "spec_decode_num_draft_tokens", "Proposed tokens.", s.spec_draft_tokens),
+            (
+                CounterMetricFamily,
+                "spec_decode_num_accepted_tokens",
+                "Accepted proposed tokens.",
+                s.spec_accepted_tokens,
+            ),
+            (
+                GaugeMetricFamily,
+                "spec_decode_mean_acceptance_length",
+                "Tokens per verification step.",
+                s.spec_mean_acceptance_length,
+            ),
+        ]
+        for kind, name, doc, value in values:
+            for prefix in PREFIXES if name not in LLMOPT_ONLY else PREFIXES[:1]:
+                yield self.family(kind, prefix, name, doc, value)
+        usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+        yield self.family(GaugeMetricFamily, "vllm", "kv_cache_usage_perc", "KV cache usage (0-1).", usage)
         by_position = GaugeMetricFamily(
             "llmopt:spec_decode_acceptance_rate_by_position",
             "Share of proposals accepted at each position.",
@@ -81,19 +107,26 @@ class EngineCollector:
         yield by_position
 
 
+class BothNames:
+    """A latency histogram under llmopt's and vLLM's name: one observe, both updated."""
+
+    def __init__(self, registry: CollectorRegistry, name: str, doc: str, model_name: str):
+        kw = {"labelnames": ["model_name"], "registry": registry, "buckets": LATENCY_BUCKETS}
+        self.histograms = [Histogram(f"{prefix}:{name}", doc, **kw).labels(model_name) for prefix in PREFIXES]
+
+    def observe(self, seconds: float) -> None:
+        for histogram in self.histograms:
+            histogram.observe(seconds)
+
+
 class ServerMetrics:
     """One registry per app (no process-global state), so tests can run several servers."""
 
     def __init__(self, engine: LLMEngine, model_name: str):
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model_name))
-        kw = {"labelnames": ["model_name"], "registry": self.registry, "buckets": LATENCY_BUCKETS}
-        self.ttft = Histogram("llmopt:time_to_first_token_seconds", "Time to first token.", **kw).labels(
-            model_name
+        self.ttft = BothNames(
+            self.registry, "time_to_first_token_seconds", "Time to first token.", model_name
         )
-        self.itl = Histogram("llmopt:inter_token_latency_seconds", "Time between tokens.", **kw).labels(
-            model_name
-        )
-        self.e2e = Histogram("llmopt:e2e_request_latency_seconds", "End-to-end latency.", **kw).labels(
-            model_name
-        )
+        self.itl = BothNames(self.registry, "inter_token_latency_seconds", "Time between tokens.", model_name)
+        self.e2e = BothNames(self.registry, "e2e_request_latency_seconds", "End-to-end latency.", model_name)

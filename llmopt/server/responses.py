@@ -172,10 +172,14 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
             body["usage"] = usage
         return _event(body)
 
-    if shape.opening is not None:
-        yield chunk([shape.choice(i, shape.opening(), None) for i in range(len(group.request_ids))])
+    opened: set[int] = set()
     usage = Usage()
     async for index, out in group.outputs():
+        if shape.opening is not None and index not in opened:
+            # The role goes with the choice's first output, as vLLM's server sends it: a client that
+            # times the first chunk (vllm bench serve does) then measures the real time to first token.
+            opened.add(index)
+            yield chunk([shape.choice(index, shape.opening(), None)])
         if out.finished and (error := ended_early(out, group)) is not None:
             yield _event({"error": {"message": error.message, "type": error.type, "code": error.status}})
             yield DONE

@@ -4,6 +4,7 @@ Each generation route validates, builds the prompt tokens, admits the request an
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from llmopt.server.protocol import (
     MAX_ENGINE_REQUESTS,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     SamplingRequest,
+    TokenizeRequest,
 )
 from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, respond
 from llmopt.server.settings import ServerSettings
@@ -42,6 +45,9 @@ def build_router(
     router.add_api_route("/health", routes.health, methods=["GET"])
     router.add_api_route("/metrics", routes.prometheus_metrics, methods=["GET"])
     router.add_api_route("/v1/models", routes.models, methods=["GET"])
+    router.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
+    router.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
+    router.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
     router.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     router.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
     return router
@@ -82,6 +88,34 @@ class Routes:
         }
         return {"object": "list", "data": [model]}
 
+    async def tokenize(self, req: TokenizeRequest) -> dict:
+        """vLLM's shape: {"count", "max_model_len", "tokens"}."""
+        self.check_model(req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError(400, "give either prompt or messages", param="prompt")
+        if req.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            tokens = await self.off_loop(self.chat_prompt, messages)
+        else:
+            tokenizer = self.engine.tokenizer
+            encode = functools.partial(tokenizer.encode, add_special_tokens=req.add_special_tokens)
+            tokens = await self.off_loop(encode, req.prompt)
+        return {"count": len(tokens), "max_model_len": self.engine.max_model_len, "tokens": list(tokens)}
+
+    async def detokenize(self, req: DetokenizeRequest) -> dict:
+        self.check_model(req.model)
+        vocab = self.engine.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in req.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        return {"prompt": await self.off_loop(self.engine.tokenizer.decode, req.tokens)}
+
+    async def reset_prefix_cache(self) -> Response:
+        """Forget the prefix cache (as vLLM's endpoint): what a benchmark calls between points."""
+        if not self.engine_thread.healthy:
+            raise APIError(503, "the engine is not running", "server_error")
+        await asyncio.wrap_future(self.engine_thread.call(self.engine.reset_prefix_cache))
+        return Response(status_code=200)
+
     async def completions(self, req: CompletionRequest, request: Request) -> Response:
         self.check_common(req)
         if req.echo:
@@ -114,11 +148,12 @@ class Routes:
         except Exception as exc:  # the model's own chat template rejects the conversation
             raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
 
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.settings.served_model_name:
+            raise APIError(404, f"the model '{model}' does not exist", param="model", code="model_not_found")
+
     def check_common(self, req: SamplingRequest) -> None:
-        if req.model is not None and req.model != self.settings.served_model_name:
-            raise APIError(
-                404, f"the model '{req.model}' does not exist", param="model", code="model_not_found"
-            )
+        self.check_model(req.model)
         if req.logprobs:
             raise APIError(400, "logprobs are not supported by this server", param="logprobs")
         if (name := req.unsupported_field()) is not None:

@@ -127,3 +127,14 @@ def test_admission_that_does_not_fit_gives_the_cached_prefix_back():
     assert bm.num_free_blocks == 3 and (bm.prefix_cache_queries, bm.prefix_cache_hits) == (9, 0)
     assert bm.admit(again, max_new_tokens=4) == 4  # a chunk fits: the cached 8 tokens are hits
     assert (bm.prefix_cache_queries, bm.prefix_cache_hits) == (9 + 28, 8)
+
+
+def test_reset_prefix_cache_forgets_free_blocks_and_keeps_those_in_use():
+    bm = BlockManager(num_blocks=6, block_size=4)
+    done, running = seq(list(range(9)), "done"), seq(list(range(100, 109)), "running")
+    run_prefill(bm, done)
+    run_prefill(bm, running)
+    bm.free(done)
+    assert bm.reset_prefix_cache() == 2  # done's two full blocks
+    assert bm.take_cached_prefix(seq(list(range(9)), "again")) == 0
+    assert bm.take_cached_prefix(seq(list(range(100, 109)), "shares")) == 8  # still held: still shared
