@@ -22,6 +22,7 @@ from llmopt.server.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     MAX_ENGINE_REQUESTS,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     SamplingRequest,
@@ -94,8 +95,7 @@ class Routes:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt")
         if req.messages is not None:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            tokens = await self.off_loop(self.chat_prompt, messages)
+            tokens = await self.off_loop(self.chat_prompt, chat_messages(req.messages))
         else:
             tokenizer = self.engine.tokenizer
             encode = functools.partial(tokenizer.encode, add_special_tokens=req.add_special_tokens)
@@ -127,15 +127,7 @@ class Routes:
 
     async def chat_completions(self, req: ChatCompletionRequest, request: Request) -> Response:
         self.check_common(req)
-        for i, message in enumerate(req.messages):
-            if (kind := message.non_text_part()) is not None:
-                raise APIError(
-                    400,
-                    f"content parts of type {kind!r} are not supported: this server reads text only",
-                    param=f"messages[{i}].content",
-                )
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        prompt = await self.off_loop(self.chat_prompt, messages)
+        prompt = await self.off_loop(self.chat_prompt, chat_messages(req.messages))
         group = self.admission.start(req, [prompt], req.max_completion_tokens or req.max_tokens)
         return await respond(req, group, CHAT_COMPLETION, self.settings.served_model_name, request)
 
@@ -178,3 +170,15 @@ class Routes:
         if not prompts or any(not p for p in prompts):
             raise APIError(400, "prompt must not be empty", param="prompt")
         return prompts
+
+
+def chat_messages(messages: list[ChatMessage]) -> list[dict]:
+    """The messages as the chat template takes them; a content part that is not text is a 400."""
+    for i, message in enumerate(messages):
+        if (kind := message.non_text_part()) is not None:
+            raise APIError(
+                400,
+                f"content parts of type {kind!r} are not supported: this server reads text only",
+                param=f"messages[{i}].content",
+            )
+    return [{"role": m.role, "content": m.text()} for m in messages]
