@@ -118,13 +118,17 @@ class LLMEngine:
         capacity = self.block_manager.num_blocks * self.config.block_size
         if total > capacity:
             raise ValueError(f"the request needs {total} tokens of KV cache; the pool holds {capacity}")
-        vocab = self.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids + params.stop_token_ids):
-            raise ValueError(f"token ids must be in [0, {vocab})")
+        self.check_token_ids(token_ids + params.stop_token_ids)
         request_id = request_id or f"req-{next(self._request_counter)}"
         seq = Sequence(request_id, token_ids, params, seed=request_seed(self.config.seed, request_id))
         self._new.put(Request(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop), on_output))
         return request_id
+
+    def check_token_ids(self, token_ids: list[int]) -> None:
+        """A ValueError unless every id is in the model's vocabulary."""
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"token ids must be in [0, {vocab})")
 
     def abort_request(self, request_id: str) -> None:
         self._aborts.put(request_id)

@@ -104,9 +104,10 @@ class Routes:
 
     async def detokenize(self, req: DetokenizeRequest) -> dict:
         self.check_model(req.model)
-        vocab = self.engine.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in req.tokens):
-            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens")
+        try:
+            self.engine.check_token_ids(req.tokens)
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="tokens") from None
         return {"prompt": await self.off_loop(self.engine.tokenizer.decode, req.tokens)}
 
     async def reset_prefix_cache(self) -> Response:
