@@ -161,7 +161,7 @@ def write_other_format(source: Path, target: Path, fmt: str) -> None:
         {
             "quant_method": "gptq",
             "bits": 4,
-            "group_size": 64,
+            "group_size": 32,  # the AWQ checkpoint it re-packs
             "checkpoint_format": "gptq_v2",
             "desc_act": False,
         }
@@ -177,6 +177,28 @@ def test_gptqmodel_and_autoawq_checkpoints_serve_like_the_original(fmt, awq_dir,
     write_other_format(awq_dir, other, fmt)
     ids = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog because")
     torch.testing.assert_close(engine_scorer(other, 64)(ids), engine_scorer(awq_dir, 64)(ids))
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_a_config_whose_group_size_disagrees_with_the_tensors_is_refused(fmt):
+    """64 inputs in 2 groups is group size 32; a config claiming 64 is a checkpoint written wrong."""
+    from llmopt.engine.formats.awq import take_awq
+    from llmopt.engine.formats.gptq import take_gptq
+
+    def tensors() -> dict:
+        if fmt == "gptq":  # qweight [in/8, out], qzeros [groups, out/8], scales [groups, out]
+            shapes = {"qweight": (8, 8), "qzeros": (2, 1), "scales": (2, 8)}
+        else:  # qweight [in, out/8], qzeros [groups, out/8], scales [groups, out]
+            shapes = {"qweight": (64, 1), "qzeros": (2, 1), "scales": (2, 8)}
+        return {
+            f"l.{k}": torch.ones(shape) if k == "scales" else torch.zeros(shape, dtype=torch.int32)
+            for k, shape in shapes.items()
+        }
+
+    take = take_gptq if fmt == "gptq" else take_awq
+    assert take(tensors(), "l", {"bits": 4, "group_size": 32}).group_size == 32
+    with pytest.raises(ValueError, match="says group_size 64, but its scales hold 2 groups over 64 inputs"):
+        take(tensors(), "l", {"bits": 4, "group_size": 64})
 
 
 def test_unsupported_quantization_method_is_a_clear_error(model_dir, tmp_path):

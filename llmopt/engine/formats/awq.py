@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from llmopt.engine.formats.quantized_weight import QuantizedWeight, grouped, unpack_int32_cols
+from llmopt.engine.formats.quantized_weight import (
+    QuantizedWeight,
+    check_group_size,
+    grouped,
+    unpack_int32_cols,
+)
 
 AWQ_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # output column j of an AWQ int32 is its nibble AWQ_ORDER[j]
 
@@ -23,4 +28,7 @@ def take_awq(weights: dict, prefix: str, qconfig: dict) -> QuantizedWeight:
     q = unpack(weights.pop(prefix + ".qweight")).t()  # [out, in]
     zeros = unpack(weights.pop(prefix + ".qzeros")).t().float()  # [out, groups]
     scales = weights.pop(prefix + ".scales").float().t()
+    check_group_size(
+        qconfig.get("group_size", qconfig.get("q_group_size")), q.shape[1], scales.shape[1], prefix
+    )
     return grouped(q, scales, zeros, None, bits)

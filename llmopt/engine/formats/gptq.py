@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from llmopt.engine.formats.quantized_weight import (
     QuantizedWeight,
+    check_group_size,
     grouped,
     unpack_int32_cols,
     unpack_int32_rows,
@@ -21,4 +22,5 @@ def take_gptq(weights: dict, prefix: str, qconfig: dict) -> QuantizedWeight:
     if qconfig.get("checkpoint_format", "gptq") == "gptq":
         zeros = zeros + 1  # GPTQ v1 stores zero - 1
     zeros = zeros[:, : q.shape[0]].t().float()
+    check_group_size(qconfig.get("group_size"), q.shape[1], scales.shape[0], prefix)
     return grouped(q, scales.t(), zeros, weights.pop(prefix + ".g_idx", None), bits)

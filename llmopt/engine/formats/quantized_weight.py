@@ -58,6 +58,20 @@ def grouped(
     return QuantizedWeight(q, scale[:, g_idx], zero[:, g_idx], bits, 1)
 
 
+def check_group_size(declared: int | None, in_features: int, groups: int, prefix: str) -> None:
+    """A ValueError when the checkpoint's config and its tensors disagree on the group size: the tensors
+    alone would serve it, but a config that lies means a checkpoint written wrong (vLLM refuses it too).
+    GPTQ writes -1 for one group per output channel."""
+    if declared is None:
+        return
+    expected = 1 if declared == -1 else -(-in_features // declared)
+    if groups != expected:
+        raise ValueError(
+            f"{prefix}: the quantization config says group_size {declared}, but its scales hold {groups} "
+            f"groups over {in_features} inputs (group size {in_features // groups})"
+        )
+
+
 def unpack_int32_rows(packed: torch.Tensor, bits: int) -> torch.Tensor:
     """[R, C] int32 holding 32/bits values each along the rows -> [R * 32/bits, C] (value k of a word
     is row 32/bits * r + k, lowest bits first), as GPTQ packs qweight."""
