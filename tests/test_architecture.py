@@ -9,9 +9,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 
 # What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
-# evaluate -> engine -> checkpoints; pricing, corpus and files are leaves anyone may read. The bench
+# evaluate -> engine -> checkpoints; pricing, cost, corpus and files are leaves anyone may read. The bench
 # speaks HTTP and never imports the engine; the report reads run folders through the bench.
-LEAVES = {"pricing", "corpus", "files"}
+LEAVES = {"pricing", "cost", "corpus", "files"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "checkpoints"} | LEAVES,
     "server": {"engine", "checkpoints"},
@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"checkpoints"},
     "checkpoints": set(),
     "pricing": {"files"},
+    "cost": {"pricing"},  # prices workloads: never a run folder, a server or the engine
     "corpus": set(),
     "files": set(),
     "__init__": {"engine"},  # `from llmopt import LLM, SamplingParams`

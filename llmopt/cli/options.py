@@ -21,11 +21,12 @@ SPEC_HELP = (
 )
 
 
-def fail(message: str) -> typer.Exit:
-    """Print one error line; the caller raises the returned Exit (exit code 1). The message is escaped:
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print one error line; the caller raises the returned Exit (exit code 1, or `code`: 2 for a usage
+    error where 1 means something else, as for `llmopt report --fail-if`). The message is escaped:
     messages quote "[load]", "[[serve]]" or "llmopt[quant]", which the console would read as markup."""
     console.print(f"[red]error:[/red] {escape(message)}")
-    return typer.Exit(code=1)
+    return typer.Exit(code=code)
 
 
 def int_list(text: str | None) -> list[int]:

@@ -6,11 +6,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.table import Table
+from rich.text import Text
 
-from llmopt.report.format import break_even, money, point_columns
+from llmopt.report.cost_format import (
+    answer_lines,
+    bill_cells,
+    bill_headers,
+    break_even_matrix,
+    break_even_title,
+    price_terms,
+    run_bill_title,
+)
+from llmopt.report.format import point_columns
 
-if TYPE_CHECKING:  # the quant package is imported only when `llmopt quantize` runs
+if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only by `llmopt quantize`
+    from llmopt.cost.break_even import BreakEven
+    from llmopt.cost.conversation import ConversationShape
+    from llmopt.cost.from_run import ServedWorkload
+    from llmopt.cost.workload import PricedWorkload
+    from llmopt.pricing import PricingModel
     from llmopt.quant.report import QuantReport
+    from llmopt.report.verdict import Check
 
 
 def results_table(points: list[dict], percentile: str = "p99") -> Table:
@@ -24,33 +40,66 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
     return table
 
 
-COST_HEADERS = (
-    "pricing model",
-    "kind",
-    "$ / request",
-    "$ / 1M output tokens",
-    "$ for {requests:,} requests",
-    "break-even prompt length",
-)
-COST_LEFT = ("pricing model", "kind", "break-even prompt length")
-
-
-def cost_table(rows: list[dict], prompt_tokens: float, output_tokens: float, requests: int) -> Table:
-    """Rows of llmopt.pricing.cost_table for one request shape, priced for `requests` requests."""
-    table = Table(title=f"{prompt_tokens:,.0f} prompt + {output_tokens:,.0f} output tokens per request")
-    for col in COST_HEADERS:
-        table.add_column(col.format(requests=requests), justify="left" if col in COST_LEFT else "right")
-    for r in rows:
-        total = money(r["total"]) if r["total"] is not None else "- (give --request-throughput)"
+def pricing_table(models: list[PricingModel]) -> Table:
+    """`llmopt cost --list`: every pricing model with its terms, source and date."""
+    table = Table(title=f"{len(models)} pricing models (US dollars)")
+    for col in ("pricing model", "kind", "open model", "prices", "date", "source", "note"):
+        short = col in ("pricing model", "kind", "date")  # never broken: a name, a word, a date
+        table.add_column(col, no_wrap=short, overflow="fold")
+    for m in models:
         table.add_row(
-            r["name"],
-            r["kind"],
-            money(r["per_request"]),
-            money(r["per_1m_output_tokens"]),
-            total,
-            break_even(r),
+            m.name, m.kind, m.open_model or "-", price_terms(m), m.date or "-", m.source or "-", m.note
         )
     return table
+
+
+def table_of(title: str, headers: list[str], rows: list[list[str]]) -> Table:
+    """A table of text cells: names never wrapped, dollar columns right-aligned, long text folded."""
+    table = Table(title=title)
+    for i, header in enumerate(headers):
+        if i == 0:
+            table.add_column(header, no_wrap=True)
+        else:
+            table.add_column(header, justify="right" if header.startswith("$") else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def shape_bill_table(ranked: list[PricedWorkload], shape: ConversationShape, requests: int) -> Table:
+    """The bill of `requests` conversations of `shape` (`ranked` priced one of them), cheapest first."""
+    multi = shape.turns > 1
+    p, o = f"{shape.prompt_tokens:,.0f}", f"{shape.output_tokens:,.0f}"
+    if multi:
+        title = f"{p} new prompt + {o} output tokens per turn, {shape.turns} turns (history replayed)"
+    else:
+        title = f"{p} prompt + {o} output tokens per request"
+    if shape.cached_fraction:
+        title += f", {shape.cached_fraction:.0%} of each prompt cached"
+    headers = bill_headers(multi, f"$ for {requests:,} {'conversations' if multi else 'requests'}")
+    output = shape.output_tokens * shape.turns
+    rows = [bill_cells(x, multi, output, requests, "give --request-throughput") for x in ranked]
+    return table_of(title, headers, rows)
+
+
+def run_bill_table(ranked: list[PricedWorkload], served: ServedWorkload, run_name: str) -> Table:
+    """The bill of one server config's requests in a run, cheapest first."""
+    w = served.workload
+    headers = bill_headers(w.multi_turn, f"$ for the run's {w.requests:,} requests")
+    output = w.token_totals().output_tokens
+    rows = [bill_cells(x, w.multi_turn, output, 1.0, served.basis) for x in ranked]
+    return table_of(run_bill_title(served, run_name), headers, rows)
+
+
+def answer(ranked: list[PricedWorkload], per_conversation: bool) -> list[Text]:
+    """Which pricing is the cheapest and by how much, overall and for each open model several sell."""
+    return [Text(line) for line in answer_lines(ranked, per_conversation)]  # Text: "[x]" is no markup
+
+
+def break_even_table(rows: list[BreakEven], shape: ConversationShape) -> Table:
+    """Token prices (rows) against prices per request (columns): where the latter become cheaper."""
+    headers, cells = break_even_matrix(rows)
+    return table_of(break_even_title(shape), headers, cells)
 
 
 def quant_rows(report: QuantReport) -> list[tuple[str, str, str]]:
@@ -84,3 +133,12 @@ def quant_table(report: QuantReport) -> Table:
     for row in quant_rows(report):
         table.add_row(*row)
     return table
+
+
+def verdict_table(checks: list[Check]) -> Table:
+    """`llmopt report --fail-if`: each condition at each matched point, what moved and whether it fails."""
+    from llmopt.report.verdict import VERDICT_HEADERS, verdict_cells  # numpy: only when a verdict is asked
+
+    failed = sum(c.holds for c in checks)
+    rows = [verdict_cells(c) for c in checks]
+    return table_of(f"--fail-if: {failed} of {len(checks)} check(s) fail", VERDICT_HEADERS, rows)

@@ -20,9 +20,11 @@ class Run:
         """Points grouped by (server, prompt length, output length), each group ordered by load."""
         groups: dict[tuple[str, int, int], list[dict]] = {}
         for p in self.points:
-            groups.setdefault((p["server"], p["prompt_len"], p["output_len"]), []).append(p)
+            # Points not streamed are a series of their own (a sweep may try both).
+            server = p["server"] if p.get("stream", True) else p["server"] + " no-stream"
+            groups.setdefault((server, p["prompt_len"], p["output_len"]), []).append(p)
         for group in groups.values():
-            group.sort(key=lambda p: (p["concurrency"] or 0, p["request_rate"] or 0))
+            group.sort(key=lambda p: (p["concurrency"] or 0, p["request_rate"] or 0, load_value(p)))
         return groups
 
     def records_of(self, key: str) -> list[dict]:
@@ -38,5 +40,8 @@ def load_run(path: Path) -> Run:
 
 
 def load_value(point: dict) -> float:
-    """The x of a load point: its concurrency, or its request rate."""
-    return point["concurrency"] if point["concurrency"] is not None else point["request_rate"]
+    """The x of a load point: its concurrency, request rate, sessions at once or session rate."""
+    for name in ("concurrency", "request_rate", "sessions", "session_rate"):
+        if point.get(name) is not None:
+            return point[name]
+    raise ValueError(f"point {point.get('key')} has no load")

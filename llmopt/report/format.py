@@ -16,16 +16,11 @@ def fmt(value, digits: int = 1) -> str:
 def money(value) -> str:
     if value is None:
         return "-"
+    if value == 0:  # a free plan
+        return "$0"
+    if 0 < value < 1e-5:  # a cheap model's single request: six decimals would read $0.000000
+        return f"${value:.2e}"
     return f"${value:,.6f}" if value < 0.01 else f"${value:,.4f}"
-
-
-def break_even(row: dict) -> str:
-    values = row.get("break_even_prompt_tokens")
-    if not values:
-        return "-"
-    return "; ".join(
-        f"{name}: {'any length' if v == 0 else f'> {v:,.0f} tokens'}" for name, v in values.items()
-    )
 
 
 @dataclass(frozen=True)
@@ -39,9 +34,12 @@ class PointColumn:
     left: bool = False  # text columns read left-aligned in the console
     report_header: str | None = None  # the report's shorter header, where it differs
     console_only: bool = False  # shown by `llmopt bench`, left out of the HTML report
+    unit: str | None = None  # the report's header names it, e.g. "TTFT p99 (ms)"
 
     def title(self, percentile: str, report: bool = False) -> str:
         header = self.report_header if report and self.report_header else self.header
+        if report and self.unit:
+            header = f"{header} ({self.unit})"
         return header.format(p=percentile)
 
     def cell(self, point: dict, percentile: str) -> str:
@@ -55,21 +53,21 @@ class PointColumn:
 
 POINT_COLUMNS = [
     PointColumn("server", "server", left=True),
-    PointColumn("prompt", "prompt_len", report_header="in"),
-    PointColumn("output", "output_len", report_header="out"),
+    PointColumn("prompt", "prompt_len", report_header="in", unit="tokens"),
+    PointColumn("output", "output_len", report_header="out", unit="tokens"),
     PointColumn("load", "load", left=True),
-    PointColumn("ok", "successful"),
-    PointColumn("failed", "failed"),
+    PointColumn("ok", "successful", unit="requests"),
+    PointColumn("failed", "failed", unit="requests"),
     PointColumn("req/s", "request_throughput", digits=2),
     PointColumn("out tok/s", "output_throughput", digits=1),
     PointColumn("total tok/s", "total_token_throughput", digits=1, console_only=True),
-    PointColumn("TTFT med", "ttft_ms", "median", digits=0),
-    PointColumn("TTFT {p}", "ttft_ms", "{p}", digits=0),
-    PointColumn("TPOT med", "tpot_ms", "median", digits=1),
-    PointColumn("ITL med", "itl_ms", "median", digits=1),
-    PointColumn("ITL {p}", "itl_ms", "{p}", digits=1),
-    PointColumn("E2E med", "e2e_ms", "median", digits=0),
-    PointColumn("goodput", "goodput", digits=2),
+    PointColumn("TTFT med", "ttft_ms", "median", digits=0, unit="ms"),
+    PointColumn("TTFT {p}", "ttft_ms", "{p}", digits=0, unit="ms"),
+    PointColumn("TPOT med", "tpot_ms", "median", digits=1, unit="ms"),
+    PointColumn("ITL med", "itl_ms", "median", digits=1, unit="ms"),
+    PointColumn("ITL {p}", "itl_ms", "{p}", digits=1, unit="ms"),
+    PointColumn("E2E med", "e2e_ms", "median", digits=0, unit="ms"),
+    PointColumn("goodput", "goodput", digits=2, unit="req/s"),
 ]
 
 

@@ -11,18 +11,22 @@ from jinja2 import Environment
 
 from llmopt.bench.metrics import parse_slo
 from llmopt.bench.redact import redact_args
-from llmopt.pricing import PricingModel, cost_table, load_pricing
+from llmopt.pricing import load_pricing
 from llmopt.report import plots
+from llmopt.report.cost_section import cost_blocks
 from llmopt.report.data import Run, load_run
-from llmopt.report.format import break_even, fmt, money, point_columns
+from llmopt.report.format import fmt, point_columns
+from llmopt.report.headline import HEADERS as HEADLINE_HEADERS
+from llmopt.report.headline import headlines
+from llmopt.report.verdict import VERDICT_HEADERS, Check, verdict_cells
 
 DELTA_METRICS = [
     ("output_throughput", "out tok/s", None),
     ("request_throughput", "req/s", None),
-    ("ttft_ms", "TTFT med", "median"),
-    ("tpot_ms", "TPOT med", "median"),
-    ("itl_ms", "ITL med", "median"),
-    ("e2e_ms", "E2E med", "median"),
+    ("ttft_ms", "TTFT med (ms)", "median"),
+    ("tpot_ms", "TPOT med (ms)", "median"),
+    ("itl_ms", "ITL med (ms)", "median"),
+    ("e2e_ms", "E2E med (ms)", "median"),
 ]
 
 TEMPLATE = Path(__file__).with_name("template.html.j2")
@@ -51,7 +55,23 @@ def run_settings(run: Run) -> list[tuple[str, str]]:
             "token counts from",
             ", ".join(sorted({t for p in run.points for t in p.get("tokens_from", [])})) or "-",
         ),
+        *search_answers(run),
     ]
+
+
+def search_answers(run: Run) -> list[tuple[str, str]]:
+    """A settings row per goodput search of the run: the answer point, or that none met the SLOs."""
+    rows = []
+    for s in run.settings.get("search") or []:
+        found = s["answer_key"] or "no probe met them"
+        rows.append(
+            (
+                f"goodput search ({s['server']}, in {s['prompt_len']}, out {s['output_len']})",
+                f"highest load meeting {s['slo']} at p{s['percentile']:g}: {found} "
+                f"({len(s['probes'])} probes)",
+            )
+        )
+    return rows
 
 
 # The report's tail percentile is p99 whatever the run asked for (the console shows the run's highest).
@@ -62,6 +82,26 @@ POINT_HEADERS = [c.title(REPORT_PERCENTILE, report=True) for c in point_columns(
 def point_rows(run: Run) -> list[list[str]]:
     columns = point_columns(report=True)
     return [[c.cell(p, REPORT_PERCENTILE) for c in columns] for p in run.points]
+
+
+SESSION_HEADERS = [
+    *("server", "turn len", "load", "sessions", "completed", "failed", "turns/s"),
+    *("conversation med (ms)", "conversation p99 (ms)", "tools"),
+]
+
+
+def session_rows(run: Run) -> list[list[str]]:
+    """One row per multi-turn point: its sessions, turns per second, conversation latency, tools."""
+    rows = []
+    for p in run.points:
+        if "conversations" not in p:
+            continue
+        c = p["conversations"]
+        latency = c["conversation_ms"]
+        counts = [str(c["started"]), str(c["completed"]), str(c["failed"]), fmt(c["turns_per_s"], 2)]
+        figures = [fmt(latency.get("median"), 0), fmt(latency.get("p99"), 0), p.get("tools") or "-"]
+        rows.append([p["server"], str(p["prompt_len"]), p["load"], *counts, *figures])
+    return rows
 
 
 def deltas(runs: list[Run]) -> list[dict]:
@@ -116,6 +156,12 @@ def figures(runs: list[Run]) -> list[tuple[str, str]]:
         ),
         ("CDFs of TTFT and end-to-end latency", plots.cdfs(runs)),
     ]
+    timeline = plots.timeline(runs)
+    if timeline:
+        out.append(("Per-request timeline of the busiest points (sent, first token, last byte)", timeline))
+    by_turn = plots.turns(runs)
+    if by_turn:
+        out.append(("Multi-turn sessions by turn: TTFT, E2E and prefix-cached share of the prompt", by_turn))
     prefix = plots.prefix_caching(runs)
     if prefix:
         out.append(("Prefix caching on and off", prefix))
@@ -125,31 +171,11 @@ def figures(runs: list[Run]) -> list[tuple[str, str]]:
     return out
 
 
-def cost_block(run: Run, models: list[PricingModel]) -> dict | None:
-    """The run's measured request shape priced under every model, self-hosted at its best point's
-    throughput; None when no request succeeded."""
-    ok = [p for p in run.points if p["successful"]]
-    if not ok:
-        return None
-    requests = sum(p["successful"] for p in ok)
-    mean_in = sum(p["prompt_tokens"] for p in ok) / requests
-    mean_out = sum(p["output_tokens"] for p in ok) / requests
-    best = max(ok, key=lambda p: p["request_throughput"])
-    rows = cost_table(models, mean_in, mean_out, 1000, best["request_throughput"])
-    svg = plots.cost_vs_prompt_length(
-        models, mean_out, sorted({p["prompt_len"] for p in ok}), best["request_throughput"]
-    )
-    title = (
-        f"{run.name}: {mean_in:,.0f} prompt + {mean_out:,.0f} output tokens per request; "
-        f"self-hosted at {best['request_throughput']:.2f} req/s ({best['server']}, {best['load']})"
-    )
-    return {"title": title, "rows": rows, "svg": b64(svg)}
-
-
-def render(runs: list[Run], pricing: Path | None) -> str:
-    """The report's HTML for `runs`, priced with the models in `pricing` (default: the bundled file)."""
+def render(runs: list[Run], pricing: Path | None, checks: list[Check] | None = None) -> str:
+    """The report's HTML for `runs`, priced with the models in `pricing` (default: the bundled file);
+    with `checks`, the --fail-if verdict heads it."""
     models = load_pricing(pricing)
-    blocks = [cost_block(run, models) for run in runs]
+    blocks = [block for run in runs for block in cost_blocks(run, models)]
     env = Environment(autoescape=True)
     return env.from_string(TEMPLATE.read_text()).render(
         title=", ".join(r.name for r in runs),
@@ -158,22 +184,36 @@ def render(runs: list[Run], pricing: Path | None) -> str:
         run_settings=run_settings,
         point_headers=POINT_HEADERS,
         point_rows=point_rows,
+        session_headers=SESSION_HEADERS,
+        session_rows=session_rows,
         deltas=deltas(runs) if len(runs) > 1 else [],
         delta_metrics=DELTA_METRICS,
         figures=[(t, b64(svg)) for t, svg in figures(runs)],
-        cost_blocks=[b for b in blocks if b is not None],
+        cost_blocks=blocks,
+        headline_headers=HEADLINE_HEADERS,
+        headlines=headlines(runs, blocks),
         pricing_source=str(pricing or "llmopt/pricing.toml"),
-        money=money,
-        break_even=break_even,
+        checks=checks,
+        verdict_headers=VERDICT_HEADERS,
+        verdict_cells=verdict_cells,
     )
+
+
+def load_runs(run_dirs: list[Path]) -> list[Run]:
+    runs = [load_run(Path(d)) for d in run_dirs]
+    if not runs:
+        raise ValueError("give at least one run directory")
+    return runs
 
 
 def write_report(run_dirs: list[Path], out: Path, pricing: Path | None = None) -> Path:
     """Write the report for the bench runs in `run_dirs` to `out` (replaced whole, never half-written)."""
-    runs = [load_run(Path(d)) for d in run_dirs]
-    if not runs:
-        raise ValueError("give at least one run directory")
-    html = render(runs, pricing)
+    return write(load_runs(run_dirs), out, pricing)
+
+
+def write(runs: list[Run], out: Path, pricing: Path | None = None, checks: list[Check] | None = None) -> Path:
+    """Write the report of `runs` (and the verdict of `checks`) to `out`, replaced whole."""
+    html = render(runs, pricing, checks)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(html)

@@ -10,11 +10,17 @@ import matplotlib
 matplotlib.use("Agg")  # no display: render to files only
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from llmopt.pricing import PricingModel  # noqa: E402
+from llmopt.cost.break_even import conversation_cost, max_turns  # noqa: E402
+from llmopt.cost.conversation import ConversationShape  # noqa: E402
+from llmopt.pricing import PricingModel, Usage  # noqa: E402
 from llmopt.report.data import Run, load_value  # noqa: E402
 
 STYLES = {"p50": "-", "p90": "--", "p99": ":"}
+# Cost plots: token prices in colour, prices per request dotted in one dark grey, told apart by marker.
+FLAT_COLOR = "0.25"
+FLAT_MARKERS = ("s", "^", "v", "D", "P", "o")
 
 
 def to_svg(fig) -> str:
@@ -31,13 +37,16 @@ def label(run: Run, key: tuple[str, int, int], several_runs: bool) -> str:
 
 
 def load_axis_name(runs: list[Run]) -> str:
-    rate = any(p["request_rate"] is not None for r in runs for p in r.points)
-    conc = any(p["concurrency"] is not None for r in runs for p in r.points)
-    return (
-        "concurrency / request rate (req/s)"
-        if rate and conc
-        else ("request rate (req/s)" if rate else "concurrency")
-    )
+    names = {
+        "concurrency": "concurrency",
+        "request_rate": "request rate (req/s)",
+        "sessions": "sessions at once",
+        "session_rate": "session rate (sessions/s)",
+    }
+    used = [
+        name for key, name in names.items() if any(p.get(key) is not None for r in runs for p in r.points)
+    ]
+    return " / ".join(used) or "concurrency"
 
 
 def throughput(runs: list[Run]) -> str:
@@ -46,14 +55,26 @@ def throughput(runs: list[Run]) -> str:
         for key, pts in run.series().items():
             x = [load_value(p) for p in pts]
             name = label(run, key, len(runs) > 1)
-            ax_tok.plot(x, [p["output_throughput"] for p in pts], marker="o", label=name)
-            ax_req.plot(x, [p["request_throughput"] for p in pts], marker="o", label=name)
+            for ax, metric in ((ax_tok, "output_throughput"), (ax_req, "request_throughput")):
+                y = [p[metric] for p in pts]
+                (line,) = ax.plot(x, y, marker="o", label=name)
+                error_bars(ax, x, y, pts, metric, line.get_color())
     for ax, title in ((ax_tok, "output tokens/s"), (ax_req, "requests/s")):
         ax.set_xlabel(load_axis_name(runs))
         ax.set_title(title)
         ax.grid(alpha=0.3)
     ax_tok.legend(fontsize=7)
     return to_svg(fig)
+
+
+def error_bars(ax, x: list, y: list, pts: list[dict], metric: str, color: str) -> None:
+    """The 95 % interval of `metric` at each point run several times (--num-runs), around its value."""
+    cis = [((p.get("repeats") or {}).get("metrics") or {}).get(metric) for p in pts]
+    if not any(cis):
+        return
+    low = [max(0.0, v - c["ci95"][0]) if c else 0.0 for v, c in zip(y, cis)]
+    high = [max(0.0, c["ci95"][1] - v) if c else 0.0 for v, c in zip(y, cis)]
+    ax.errorbar(x, y, yerr=[low, high], fmt="none", ecolor=color, capsize=3)
 
 
 def latency(runs: list[Run]) -> str:
@@ -73,7 +94,7 @@ def latency(runs: list[Run]) -> str:
                             y,
                             style,
                             color=color,
-                            marker=".",
+                            marker="o" if len(x) == 1 else ".",  # one point: a dot no line joins
                             label=f"{label(run, key, len(runs) > 1)} {pct}",
                         )
         ax.set_title(title)
@@ -133,10 +154,35 @@ def cdfs(runs: list[Run], max_lines: int = 10) -> str:
             )
             for ax, field in ((axes[0], "ttft"), (axes[1], "e2e")):
                 values = np.sort([r[field] * 1000 for r in recs if r.get(field) is not None])
-                ax.plot(values, np.arange(1, len(values) + 1) / len(values), label=name)
+                marker = "o" if len(values) == 1 else None  # a lone request: no line to see
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), marker=marker, label=name)
     for ax, title in zip(axes, ("TTFT (ms)", "E2E latency (ms)")):
         ax.set_title(f"CDF of {title}")
         ax.set_ylabel("fraction of requests")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=6)
+    return to_svg(fig)
+
+
+def turns(runs: list[Run]) -> str | None:
+    """Multi-turn points: TTFT and E2E medians and the prefix-cached share of the prompt by turn index."""
+    series = [(run, p) for run in runs for p in run.points if p.get("turns")]
+    if not series:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for run, p in series:
+        name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} {p['load']}"
+        ks = [t["turn"] for t in p["turns"]]
+        axes[0].plot(ks, [t["ttft_ms"]["median"] for t in p["turns"]], marker="o", label=name)
+        axes[1].plot(ks, [t["e2e_ms"]["median"] for t in p["turns"]], marker="o", label=name)
+        cached = [t["cached_fraction"] for t in p["turns"]]
+        if any(c is not None for c in cached):
+            axes[2].plot(ks, [100 * c if c is not None else None for c in cached], marker="o", label=name)
+    for ax, title in zip(
+        axes, ("TTFT median (ms)", "E2E median (ms)", "prompt served from the prefix cache (%)")
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("turn (0 = first)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=6)
     return to_svg(fig)
@@ -214,29 +260,103 @@ def speculative(runs: list[Run]) -> str | None:
 
 
 def cost_vs_prompt_length(
-    models: list[PricingModel],
+    tokens: list[PricingModel],
+    flats: list[tuple[PricingModel, float]],
     output_tokens: float,
     run_prompt_lens: list[float],
-    request_throughput: float | None,
 ) -> str:
+    """$ per request against prompt length: token prices rise, prices per request stay flat (a plan's
+    line ends at its prompt cap); the run's prompt lengths marked."""
     top = max([8192.0] + [2 * p for p in run_prompt_lens])
     x = np.linspace(0, top, 200)
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for m in models:
-        if m.kind == "token":
-            ax.plot(x, [m.cost_per_request(p, output_tokens) for p in x], label=f"{m.name} (per token)")
-        elif m.kind == "request":
-            ax.plot(x, [m.per_request] * len(x), "--", label=f"{m.name} (per request)")
-        elif request_throughput:
-            cost = m.cost_per_request(0, output_tokens, request_throughput)
-            ax.plot(x, [cost] * len(x), ":", label=f"{m.name} (self-hosted at the measured req/s)")
+    for m in tokens:
+        ax.plot(x, [m.request_cost(Usage(p, output_tokens)) for p in x], label=f"{m.name} (per token)")
+    for j, (m, price) in enumerate(flats):
+        end = min(top, m.max_input_tokens) if m.max_input_tokens is not None else top
+        style = {"color": FLAT_COLOR, "marker": FLAT_MARKERS[j % len(FLAT_MARKERS)], "markevery": [0]}
+        ax.plot([0, end], [price, price], ":", label=f"{m.name} ({m.kind})", **style)
+        if end < top:
+            ax.plot([end], [price], "x", color="black")
+    ax.set_yscale("log")
     for p in run_prompt_lens:
         ax.axvline(p, color="grey", lw=0.8, alpha=0.7)
-        ax.text(p, ax.get_ylim()[1] * 0.95, f" run: {p:.0f}", fontsize=7, color="grey", va="top")
-    ax.set_yscale("log")
-    ax.set_xlabel(f"prompt tokens (output {output_tokens:.0f} tokens)")
+    ax.set_xlabel(f"prompt tokens per request (output {output_tokens:,.0f} tokens; grey: the run's)")
     ax.set_ylabel("$ per request")
-    ax.set_title("cost per request against prompt length")
+    ax.set_title("cost per request against prompt length (x: a plan's token cap)")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return to_svg(fig)
+
+
+def cost_vs_turns(
+    tokens: list[PricingModel], flats: list[tuple[PricingModel, float]], shape: ConversationShape
+) -> str:
+    """$ per conversation against its turns: under token prices it grows with the square of the turns
+    (history replayed; dashed: with the run's cached share at the cached price), under prices per request
+    linearly (a plan's line ends where its token caps stop the conversation)."""
+    top = max(20, 2 * shape.turns)
+    turns = np.arange(1, top + 1)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    uncached = ConversationShape(shape.prompt_tokens, shape.output_tokens)
+    for i, m in enumerate(tokens):
+        color = f"C{i % 10}"
+        costs = [conversation_cost(m, uncached.with_turns(int(t))) for t in turns]
+        ax.plot(turns, costs, color=color, label=f"{m.name} (per token)")
+        if shape.cached_fraction > 0 and m.cached_input_per_1m is not None:
+            cached = [conversation_cost(m, shape.with_turns(int(t))) for t in turns]
+            ax.plot(turns, cached, "--", color=color, label=f"{m.name}, {shape.cached_fraction:.0%} cached")
+    for j, (m, price) in enumerate(flats):
+        cap = max_turns(m, shape)
+        last = top if cap is None else min(top, cap)
+        if last < 1:
+            continue
+        x = turns[:last]
+        style = {"color": FLAT_COLOR, "marker": FLAT_MARKERS[j % len(FLAT_MARKERS)], "markevery": 4}
+        ax.plot(x, price * x, ":", label=f"{m.name} ({m.kind})", **style)
+        if last < top:
+            ax.plot([last], [price * last], "x", color="black", markersize=9)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.axvline(shape.turns, color="grey", lw=0.8, alpha=0.7)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"turns per conversation (grey: the run's {shape.turns})")
+    ax.set_ylabel("$ per conversation")
+    ax.set_title("cost per conversation against turns (x: a plan's caps end the conversation)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return to_svg(fig)
+
+
+def timeline(runs: list[Run], max_points: int = 4) -> str | None:
+    """Each request of a run's busiest points as a bar from when it was sent to its last byte, the wait
+    for its first token darker (as `vllm bench serve --plot-timeline` draws): queueing and slow
+    prefills show as long dark heads."""
+    chosen = []
+    for run in runs:
+        for pts in run.series().values():
+            chosen.append((run, max(pts, key=load_value)))
+    chosen = [(run, p) for run, p in chosen if run.records_of(p["key"])][:max_points]
+    if not chosen:
+        return None
+    fig, axes = plt.subplots(1, len(chosen), figsize=(5 * len(chosen), 4), squeeze=False)
+    for ax, (run, p) in zip(axes[0], chosen):
+        recs = sorted(
+            (r for r in run.records_of(p["key"]) if r.get("ttft") is not None and r.get("e2e") is not None),
+            key=lambda r: r.get("start") or 0.0,
+        )
+        y = np.arange(len(recs))
+        starts = np.array([r.get("start") or 0.0 for r in recs])
+        ttft = np.array([r["ttft"] for r in recs])
+        e2e = np.array([r["e2e"] for r in recs])
+        ax.barh(y, ttft, left=starts, height=0.8, color="C3", label="sent -> first token")
+        ax.barh(
+            y, e2e - ttft, left=starts + ttft, height=0.8, color="C0", alpha=0.6, label="first -> last token"
+        )
+        ax.set_title(
+            f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} in {p['prompt_len']} {p['load']}"
+        )
+        ax.set_xlabel("seconds since the point started")
+        ax.set_ylabel("request (by start)")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0][0].legend(fontsize=7, loc="lower right")
     return to_svg(fig)

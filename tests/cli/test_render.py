@@ -6,9 +6,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.cli.render import cost_table, quant_table, results_table
+from llmopt.cli.render import break_even_table, quant_table, results_table, shape_bill_table
+from llmopt.cost.break_even import break_evens
+from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.workload import Workload, rank
 from llmopt.pricing import PricingModel
-from llmopt.pricing import cost_table as price
 from llmopt.quant.report import QuantReport
 from llmopt.report.data import Run
 from llmopt.report.html import POINT_HEADERS, point_rows
@@ -75,8 +77,9 @@ def test_results_table_without_goodput_or_latencies_shows_dashes():
 
 def test_report_point_table_is_the_console_table_less_its_extra_columns():
     assert POINT_HEADERS == [
-        "server", "in", "out", "load", "ok", "failed", "req/s", "out tok/s",
-        "TTFT med", "TTFT p99", "TPOT med", "ITL med", "ITL p99", "E2E med", "goodput",
+        "server", "in (tokens)", "out (tokens)", "load", "ok (requests)", "failed (requests)", "req/s",
+        "out tok/s", "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)",
+        "E2E med (ms)", "goodput (req/s)",
     ]  # fmt: skip
     run = Run("r", None, {}, [POINT], [])
     [row] = point_rows(run)
@@ -85,26 +88,44 @@ def test_report_point_table_is_the_console_table_less_its_extra_columns():
     assert row[9] == "200" and row[12] == "33.3"  # the p99 columns
 
 
-def test_cost_table():
+def test_cost_tables():
     models = [
         PricingModel("tok", "token", input_per_1m=3.0, output_per_1m=15.0),
         PricingModel("flat", "request", per_request=0.04),
+        PricingModel("plan", "plan", per_month=30, requests_per_day=100, max_input_tokens=10_000),
         PricingModel("gpu", "gpu-hour", per_hour=2.0),
     ]
-    table = cost_table(price(models, 8000, 500, 1000), 8000, 500, 1000)
+    shape = ConversationShape(8000, 500)
+    table = shape_bill_table(rank(models, Workload([shape.usages()])), shape, 1000)
     assert table.title == "8,000 prompt + 500 output tokens per request"
     assert [c.header for c in table.columns] == [
-        "pricing model",
-        "kind",
-        "$ / request",
-        "$ / 1M output tokens",
-        "$ for 1,000 requests",
-        "break-even prompt length",
-    ]
+        "pricing model", "kind", "$ / request", "$ / 1M output tokens", "$ for 1,000 requests", "note"
+    ]  # fmt: skip
     rows = {row[0]: row for row in cells(table)}
-    assert rows["tok"] == ["tok", "token", "$0.0315", "$63.0000", "$31.5000", "flat: > 10,833 tokens"]
+    # 8000 * 3 / 1e6 + 500 * 15 / 1e6 = 0.0315; the plan: $30 / 3,000 requests
+    assert rows["tok"] == ["tok", "token", "$0.0315", "$63.0000", "$31.5000", ""]
+    assert rows["plan"][2:5] == ["$0.0100", "$20.0000", "$10.0000"]
     assert rows["flat"][2:5] == ["$0.0400", "$80.0000", "$40.0000"]
-    assert rows["gpu"][2:] == ["-", "-", "- (give --request-throughput)", "-"]
+    assert rows["gpu"][2:] == ["-", "-", "-", "give --request-throughput"]
+    assert [row[0] for row in cells(table)] == ["plan", "tok", "flat", "gpu"]  # cheapest first
+
+    long = ConversationShape(8000, 500, turns=2)  # turn 2 sends 16,500 tokens: over the plan's cap
+    table = shape_bill_table(rank(models, Workload([long.usages()])), long, 10)
+    assert "$ / conversation" in [c.header for c in table.columns]
+    plan = {row[0]: row for row in cells(table)}["plan"]
+    assert plan[2:6] == ["-", "-", "-", "-"]
+    assert plan[6] == "not servable: 16,500 prompt tokens > the 10,000 cap (1 of 2 turns fit)"
+
+    matrix = break_even_table(break_evens(models, shape), shape)
+    assert [c.header for c in matrix.columns] == [
+        "token price",
+        "flat ($0.0400 / request)",
+        "plan ($0.0100 / request)",
+    ]
+    # against flat: 0.04 = P * 3e-6 + 0.0075 -> P = 10,833; turns: 2 * (0.04 - 0.006) / 0.0255 - 1 = 1.67
+    # against the plan: 0.01 = P * 3e-6 + 0.0075 -> P = 833; at 8,000 tokens it wins from the first turn
+    plan = "> 833 tok; from 1 turn; its caps stop at 1 turn"  # turn 2 sends 16,500 > 10,000
+    assert cells(matrix) == [["tok", "> 10,833 tok; from 2 turns", plan]]
 
 
 def test_quant_table():
