@@ -30,6 +30,7 @@ class BenchRequest:
     messages: list[dict] | None = None
     max_tokens: int = 128
     prompt_tokens: int = 0
+    tools: list[dict] | None = None  # OpenAI tool definitions, sent as `tools` (chat only)
 
 
 @dataclass
@@ -48,9 +49,15 @@ class RequestRecord:
     status: int | None = None
     error: str | None = None
     success: bool = False
+    session: int | None = None  # multi-turn workloads: the session's number in its point
+    turn: int | None = None  # ... and the turn's index in its session (0 first)
+    # The answer's text: the next turn of a session sends it back. Not written to requests.jsonl.
+    text: str | None = None
 
     def to_json(self, **extra) -> str:
-        return json.dumps({**asdict(self), **extra})
+        values = asdict(self)
+        del values["text"]
+        return json.dumps({**values, **extra})
 
 
 @dataclass
@@ -62,6 +69,7 @@ class Target:
     ignore_eos: bool = True  # vLLM's extension; fixes output lengths where the server takes it
     timeout_s: float = 600.0  # a request fails once the server sends nothing for this long
     connection_reuse: bool = True  # False: one connection per request
+    stream: bool = True  # False: ask for the whole answer at once (TTFT is then its E2E)
 
     @property
     def url(self) -> str:
@@ -79,13 +87,16 @@ class Target:
             "model": self.model,
             "max_tokens": req.max_tokens,
             "temperature": 0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": self.stream,
         }
+        if self.stream:
+            body["stream_options"] = {"include_usage": True}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if self.api == "chat":
             body["messages"] = req.messages or [{"role": "user", "content": req.prompt or ""}]
+            if req.tools:
+                body["tools"] = req.tools
         else:
             body["prompt"] = req.prompt if req.prompt is not None else req.messages[-1]["content"]
         return body
@@ -125,6 +136,14 @@ class LineReader:
                 self._hold(tail)
             return lines
 
+    async def read_all(self) -> bytes:
+        """The whole body, held to `max_bytes` like one line (a non-streamed answer is one JSON text)."""
+        while data := await self._stream.readany():
+            self._hold(data)
+        body = b"".join(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        return body
+
     def _hold(self, piece: bytes) -> None:
         self._pending.append(piece)
         self._pending_bytes += len(piece)
@@ -145,11 +164,27 @@ def chunk_text(chunk: dict) -> str:
         if not isinstance(delta, dict):
             raise ResponseError(f"malformed chunk: delta is not an object: {str(delta)[:100]}")
         text = delta.get("content")
+        if not text and delta.get("tool_calls"):
+            text = tool_call_text(delta["tool_calls"])
     else:
         text = choice.get("text")
     if text is None or isinstance(text, str):
         return text or ""
     raise ResponseError(f"malformed chunk: content is not a string: {str(text)[:100]}")
+
+
+def tool_call_text(calls: object) -> str:
+    """The text a streamed tool-call delta adds (function names and argument pieces): an answer that is
+    a tool call is output like any other, timed from its first piece."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise ResponseError(f"malformed chunk: tool_calls is not a list of objects: {str(calls)[:100]}")
+    parts = []
+    for call in calls:
+        function = call.get("function") or {}
+        if not isinstance(function, dict):
+            raise ResponseError(f"malformed chunk: a tool call's function is no object: {str(function)[:80]}")
+        parts += [str(function.get("name") or ""), str(function.get("arguments") or "")]
+    return "".join(parts)
 
 
 def parse_chunk(data: bytes) -> tuple[str, dict | None]:
@@ -216,18 +251,46 @@ async def _exchange(
         if resp.status != 200:
             body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
             raise ResponseError(f"HTTP {resp.status}: {error_message(body)}")
-        text_parts, usage = await _read_stream(LineReader(resp.content), record, sent)
+        if target.stream:
+            text_parts, usage = await _read_stream(LineReader(resp.content), record, sent)
+        else:
+            text_parts, usage = await _read_whole(resp, record, sent)
     record.e2e = time.perf_counter() - sent
+    record.text = "".join(text_parts)
     if usage:
         apply_usage(record, usage)
     else:
         record.tokens_from = "local"
     if record.tokens_from == "local":
-        text = "".join(text_parts)
-        record.output_tokens = count_tokens(text) if count_tokens else len(text_parts)
+        record.output_tokens = count_tokens(record.text) if count_tokens else len(text_parts)
     if record.ttft is None:
         raise ResponseError("no content received")
     record.success = True
+
+
+async def _read_whole(
+    resp: aiohttp.ClientResponse, record: RequestRecord, sent: float
+) -> tuple[list[str], dict | None]:
+    """A non-streamed answer: its text and usage. Its first token arrives with its last, so TTFT is E2E."""
+    body = await LineReader(resp.content).read_all()
+    try:
+        answer = json.loads(body)
+    except ValueError as exc:
+        raise ResponseError(f"malformed answer: not JSON ({exc}): {body[:100]!r}") from None
+    if not isinstance(answer, dict):
+        raise ResponseError(f"malformed answer: not a JSON object: {body[:100]!r}")
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ResponseError(f"malformed answer: no choices: {body[:100]!r}")
+    message = choices[0].get("message")
+    # A whole chat message reads like one stream delta (content, or tool calls), a completion like a chunk.
+    text = chunk_text({"choices": [{"delta": message} if message is not None else choices[0]]})
+    usage = answer.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        raise ResponseError(f"malformed answer: usage is not an object: {str(usage)[:100]}")
+    if text:
+        record.ttft = time.perf_counter() - sent
+    return [text], usage
 
 
 async def _read_stream(

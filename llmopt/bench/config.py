@@ -13,7 +13,8 @@ from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.runner import LoadPoint
-from llmopt.bench.workload import WORKLOADS
+from llmopt.bench.search import GoodputSearch
+from llmopt.bench.workload import SESSION_WORKLOADS, WORKLOADS
 
 
 class BenchError(Exception):
@@ -93,6 +94,23 @@ class BenchConfig:
     # False: a new connection per request, for servers that drop kept-alive connections without saying so
     # (xllamacpp's llama.cpp server after a stream); the bench never re-sends a request on a dead one.
     connection_reuse: bool = True
+    # Multi-turn workloads (multi-turn, agent, conversations): sessions at once (a sweep axis; rates are
+    # then sessions started per second), turns per session, the shared system prompt's length, and the
+    # pause between an answer and the next turn. Their turn length is the prompt-length axis.
+    sessions: list[int] = field(default_factory=list)
+    turns: int = 4
+    system_len: int = 256
+    think_time: float = 0.0
+    burstiness: float = 1.0  # gamma shape of Poisson arrivals (vllm bench serve's): 1 Poisson, < 1 burstier
+    ramp_up: float = 0.0  # seconds over which a rate point's rate grows linearly from 0
+    prompt_len_spread: float = 0.0  # prompt (or turn) lengths drawn uniformly from length * (1 +- this)
+    streams: list[bool] = field(default_factory=lambda: [True])  # a sweep axis: [True, False] tries both
+    reset_prefix_cache: bool = True  # POST /reset_prefix_cache before each point, where the server has it
+    # The highest load meeting these SLOs (search.py), from the one load point given as the first probe.
+    goodput_search: str | None = None
+    search_percentile: float = 90.0
+    search_tolerance: float = 0.1
+    num_runs: int = 1  # each point this many times: summaries then carry each headline metric's 95 % CI
     recipe: str | None = None
 
     def validate(self) -> None:
@@ -107,10 +125,10 @@ class BenchConfig:
             raise BenchError("--arrival must be 'poisson' or 'constant'")
         if self.workload not in WORKLOADS:
             raise BenchError(f"--workload must be one of {', '.join(WORKLOADS)}")
-        if self.workload == "file" and not self.dataset:
-            raise BenchError("the 'file' workload needs --dataset FILE (JSONL or ShareGPT JSON)")
-        if not self.concurrencies and not self.request_rates:
-            self.concurrencies = [1]
+        if self.workload in ("file", "conversations") and not self.dataset:
+            raise BenchError(f"the '{self.workload}' workload needs --dataset FILE (JSONL or ShareGPT JSON)")
+        self._validate_sessions()
+        self._validate_traffic()
         if any(c < 1 for c in self.concurrencies) or any(r <= 0 for r in self.request_rates):
             raise BenchError("concurrency must be >= 1 and request rates > 0")
         if any(n < 1 for n in self.prompt_lens + self.output_lens) or self.num_requests < 1:
@@ -119,6 +137,8 @@ class BenchConfig:
             raise BenchError("--max-error-rate is a fraction between 0 and 1")
         if not self.request_timeout > 0:
             raise BenchError("--request-timeout must be a positive number of seconds")
+        if self.num_runs < 1:
+            raise BenchError("--num-runs must be >= 1")
         try:
             parse_slo(self.slo)
             for server in self.servers:
@@ -128,6 +148,80 @@ class BenchConfig:
         names = [server.name for server in self.servers]
         if len(set(names)) < len(names):
             raise BenchError(f"server names must differ (each names its points and log): {', '.join(names)}")
+        self._validate_search()
+
+    def _validate_sessions(self) -> None:
+        """Multi-turn workloads count sessions, the others requests; with no load point, run one of either."""
+        if self.workload not in SESSION_WORKLOADS:
+            if self.sessions:
+                raise BenchError(f"--sessions is for the {', '.join(SESSION_WORKLOADS)} workloads")
+            if not self.concurrencies and not self.request_rates:
+                self.concurrencies = [1]
+            return
+        if self.concurrencies:
+            raise BenchError(
+                f"the {self.workload} workload counts sessions: give --sessions N (sessions at once) or "
+                "--request-rate R (sessions started per second), not --concurrency"
+            )
+        if self.api != "chat":
+            raise BenchError(f"the {self.workload} workload sends chat messages: it needs --api chat")
+        if not self.sessions and not self.request_rates:
+            self.sessions = [1]
+        if any(s < 1 for s in self.sessions) or self.turns < 1 or self.system_len < 0:
+            raise BenchError("--sessions and --turns must be >= 1 and --system-len >= 0")
+        if not self.think_time >= 0:
+            raise BenchError("--think-time is a number of seconds, 0 or more")
+
+    def _validate_traffic(self) -> None:
+        if not self.burstiness > 0:
+            raise BenchError("--burstiness must be positive (1 is Poisson, below 1 burstier)")
+        if self.burstiness != 1.0 and self.arrival != "poisson":
+            raise BenchError("--burstiness shapes Poisson arrivals: it needs --arrival poisson")
+        if not self.ramp_up >= 0:
+            raise BenchError("--ramp-up is a number of seconds, 0 or more")
+        if not 0 <= self.prompt_len_spread < 1:
+            raise BenchError("--prompt-len-spread is a fraction, at least 0 and below 1")
+        if not self.streams or not all(isinstance(s, bool) for s in self.streams):
+            raise BenchError("stream is true, false, or a list of them")
+
+    def _validate_search(self) -> None:
+        if self.goodput_search is None:
+            return
+        try:
+            slo = parse_slo(self.goodput_search)
+        except ValueError as exc:
+            raise BenchError(f"--goodput-search: {exc}") from None
+        if not slo:
+            raise BenchError("--goodput-search needs SLOs, e.g. ttft=500ms,tpot=50ms")
+        if len(self.load_points()) != 1:
+            raise BenchError(
+                "--goodput-search starts from one load point: give one --concurrency, --sessions or "
+                "--request-rate (the first probe) and one stream setting"
+            )
+        if not 0 < self.search_percentile <= 100 or not self.search_tolerance > 0:
+            raise BenchError("--search-percentile is in (0, 100] and --search-tolerance positive")
+        if self.search_percentile not in self.percentiles:  # the search reads it from the summaries
+            self.percentiles = tuple(sorted({*self.percentiles, self.search_percentile}))
+
+    def search(self) -> GoodputSearch:
+        """The goodput search the settings ask for (validate first)."""
+        [first] = self.load_points()
+        axis = load_axis(first)
+        return GoodputSearch(
+            parse_slo(self.goodput_search),
+            getattr(first, axis),
+            axis in ("concurrency", "sessions"),
+            self.search_percentile,
+            self.search_tolerance,
+        )
+
+    def search_point(self, load: float) -> LoadPoint:
+        """The search's probe at `load`: the given load point with its load replaced."""
+        [first] = self.load_points()
+        axis = load_axis(first)
+        return dataclasses.replace(
+            first, **{axis: int(load) if axis in ("concurrency", "sessions") else load}
+        )
 
     def recorded(self) -> dict:
         """The settings as a run folder keeps them (summary.json): JSON values, without any API key,
@@ -143,13 +237,29 @@ class BenchConfig:
             "warmup": self.warmup,
             "max_error_rate": self.max_error_rate,
             "seed": self.seed,
+            "think_time": self.think_time,
         }
+        open_loop = {
+            "arrival": self.arrival,
+            "max_concurrency": self.max_concurrency,
+            "burstiness": self.burstiness,
+            "ramp_up_s": self.ramp_up,
+        }
+        # A multi-turn workload's rate starts sessions; any other's sends requests.
+        rate = "session_rate" if self.workload in SESSION_WORKLOADS else "request_rate"
         points = [LoadPoint(concurrency=c, **common) for c in self.concurrencies]
-        points += [
-            LoadPoint(request_rate=r, arrival=self.arrival, max_concurrency=self.max_concurrency, **common)
-            for r in self.request_rates
-        ]
-        return points
+        points += [LoadPoint(sessions=s, **common) for s in self.sessions]
+        points += [LoadPoint(**{rate: r}, **open_loop, **common) for r in self.request_rates]
+        return [dataclasses.replace(p, stream=stream) for stream in self.streams for p in points]
+
+
+def load_axis(point: LoadPoint) -> str:
+    """Which load a point sets: concurrency, request_rate, sessions or session_rate."""
+    return next(
+        a
+        for a in ("concurrency", "request_rate", "sessions", "session_rate")
+        if getattr(point, a) is not None
+    )
 
 
 def with_overrides(config: BenchConfig, overrides: dict[str, object]) -> BenchConfig:

@@ -20,6 +20,10 @@ TABLES: dict[str, dict[str, str]] = {
         "prefix_len": "prefix_len",
         "num_prefixes": "num_prefixes",
         "dataset": "dataset",
+        "turns": "turns",
+        "turn_len": "prompt_lens",  # a multi-turn workload's prompt length: give one of the two
+        "system_len": "system_len",
+        "prompt_len_spread": "prompt_len_spread",
     },
     "load": {
         "concurrency": "concurrencies",
@@ -33,10 +37,20 @@ TABLES: dict[str, dict[str, str]] = {
         "max_error_rate": "max_error_rate",
         "request_timeout": "request_timeout",
         "connection_reuse": "connection_reuse",
+        "sessions": "sessions",
+        "think_time": "think_time",
+        "burstiness": "burstiness",
+        "ramp_up": "ramp_up",
+        "stream": "streams",
+        "reset_prefix_cache": "reset_prefix_cache",
+        "goodput_search": "goodput_search",
+        "search_percentile": "search_percentile",
+        "search_tolerance": "search_tolerance",
+        "num_runs": "num_runs",
     },
 }
 # Fields that hold one value per sweep axis: a recipe may give one number or a list.
-LIST_FIELDS = {"prompt_lens", "output_lens", "concurrencies", "request_rates"}
+LIST_FIELDS = {"prompt_lens", "output_lens", "concurrencies", "request_rates", "sessions", "streams"}
 SERVE_KEYS = {"name", "model", "args"}
 
 
@@ -63,6 +77,8 @@ def _table_values(path: Path, table: str, body: object, keys: dict[str, str]) ->
         raise BenchError(
             f"{path}: unknown key(s) in [{table}]: {', '.join(sorted(unknown))} (known: {', '.join(keys)})"
         )
+    if {"prompt_len", "turn_len"} <= set(body):
+        raise BenchError(f"{path}: [{table}] gives prompt_len and turn_len, one setting: give one of them")
     values: dict[str, object] = {}
     for key, value in body.items():
         name = keys[key]

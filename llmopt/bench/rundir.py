@@ -3,6 +3,7 @@
     requests.jsonl       one JSON record per finished request, appended as it finishes
     summary.json         {"settings": ..., "points": [point summary, ...]}, rewritten after every point
     summary.csv          the same points as a table
+    turns.csv            multi-turn runs: one row per point and turn index (TTFT, E2E, cached fraction)
     server-<name>.log    the output of each local server the run started
     report.html          the HTML report
 
@@ -28,6 +29,7 @@ from llmopt.files import jsonl_records
 RECORDS = "requests.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
+TURNS_CSV = "turns.csv"
 REPORT = "report.html"
 
 CSV_FIELDS = [
@@ -45,6 +47,16 @@ CSV_FIELDS = [
     "goodput",
 ]
 CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+# Multi-turn points' columns, after the metrics: {column: (summary block, field, statistic or None)}.
+SESSION_COLUMNS = {
+    "sessions": (None, "sessions", None),
+    "session_rate": (None, "session_rate", None),
+    "sessions_completed": ("conversations", "completed", None),
+    "sessions_failed": ("conversations", "failed", None),
+    "turns_per_s": ("conversations", "turns_per_s", None),
+    "conversation_ms_median": ("conversations", "conversation_ms", "median"),
+}
+TURN_FIELDS = ["key", "turn", "requests", "successful", "prompt_tokens_mean", "cached_fraction"]
 # A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -72,6 +84,10 @@ class RunDir:
     @property
     def summary_csv(self) -> Path:
         return self.path / SUMMARY_CSV
+
+    @property
+    def turns_csv(self) -> Path:
+        return self.path / TURNS_CSV
 
     @property
     def report(self) -> Path:
@@ -110,8 +126,11 @@ class RunDir:
         # Both texts first: a point that cannot be written leaves both files as they were, still a pair.
         summary = json.dumps({"settings": settings, "points": points}, indent=2)
         table = summary_csv(points)
+        turns = turns_csv(points)
         _replace(self.summary, summary)
         _replace(self.summary_csv, table)
+        if turns is not None:
+            _replace(self.turns_csv, turns)
 
     def read_records(self) -> list[dict]:
         return [record for _, record in self._record_lines()]
@@ -147,9 +166,34 @@ def summary_csv(points: list[dict]) -> str:
     metric_cols = [(m, s) for m in CSV_METRICS for s in stats]
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols])
+    # Only a run with multi-turn points has their columns, so other runs' tables read as they did.
+    sessions = list(SESSION_COLUMNS) if any("conversations" in p for p in points) else []
+    writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols] + sessions)
     for p in points:
-        writer.writerow([p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols])
+        row = [p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols]
+        writer.writerow(row + [session_cell(p, column) for column in sessions])
+    return out.getvalue()
+
+
+def session_cell(point: dict, column: str) -> object:
+    block, name, stat = SESSION_COLUMNS[column]
+    value = (point.get(block) or {}).get(name) if block else point.get(name)
+    return (value or {}).get(stat) if stat else value
+
+
+def turns_csv(points: list[dict]) -> str | None:
+    """Every multi-turn point's per-turn figures as CSV, one row per point and turn index (None: the
+    run has no multi-turn point)."""
+    rows = [(p["key"], t) for p in points for t in p.get("turns") or []]
+    if not rows:
+        return None
+    stats = [k for k in rows[0][1]["ttft_ms"] if k != "mean"]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(TURN_FIELDS + [f"{m}_{s}" for m in ("ttft_ms", "e2e_ms") for s in stats])
+    for key, turn in rows:
+        figures = [turn[m][s] for m in ("ttft_ms", "e2e_ms") for s in stats]
+        writer.writerow([key] + [turn.get(k) for k in TURN_FIELDS[1:]] + figures)
     return out.getvalue()
 
 

@@ -9,9 +9,13 @@ on a free port and stopped by pid, also when interrupted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import datetime as dt
 import functools
-from collections.abc import Callable
+import itertools
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -20,13 +24,26 @@ import httpx
 
 from llmopt.bench.client import Target
 from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.conversation import Conversation
 from llmopt.bench.launcher import LocalServer, llmopt_serve_env
 from llmopt.bench.metrics import parse_slo, summarize
+from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
+from llmopt.bench.repeats import repeat_stats
 from llmopt.bench.resume import check_resumable
 from llmopt.bench.rundir import RunDir, machine_info
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.runner import LoadPoint, PointResult, run_point
+from llmopt.bench.search import run_search
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
-from llmopt.bench.workload import count_tokens, make_requests
+from llmopt.bench.session import run_sessions
+from llmopt.bench.session_metrics import summarize_sessions
+from llmopt.bench.workload import (
+    REPEATING_WORKLOADS,
+    SESSION_WORKLOADS,
+    count_tokens,
+    make_conversations,
+    make_requests,
+    random_prompts,
+)
 
 # (prompt length, output length, load point): one point of a server's matrix
 Cell = tuple[int, int, LoadPoint]
@@ -108,6 +125,11 @@ def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
 def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
     """The points of one target not yet done; a local server is started for them and stopped after."""
     config = sweep.config
+    if config.goodput_search:
+        # Probes depend on the results of the earlier ones: a resumed search replays those it has.
+        with serving(sweep, server_name, spec) as target:
+            run_searches(sweep, target, server_name, spec)
+        return
     matrix: list[Cell] = [
         (pl, ol, lp) for pl in config.prompt_lens for ol in config.output_lens for lp in config.load_points()
     ]
@@ -119,9 +141,25 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
     ]
     if not todo:
         return
-    log = sweep.run.server_log(server_name)
+    with serving(sweep, server_name, spec) as target:
+        for index, cell in todo:
+            finish_point(sweep, run_cell(sweep, target, server_name, spec, index, cell))
+
+
+def finish_point(sweep: Sweep, summary: dict) -> None:
+    sweep.points.append(summary)
+    sweep.run.write_summaries(sweep.points, sweep.settings)
+    if sweep.on_point_done:
+        sweep.on_point_done(summary)
+
+
+@contextlib.contextmanager
+def serving(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> Iterator[Target]:
+    """The target to send to: the endpoint, or a local server started here (and stopped after)."""
+    config = sweep.config
     server = None
     if spec is not None:
+        log = sweep.run.server_log(server_name)
         server = LocalServer(
             spec.command, ready_timeout_s=600, log_path=log, env=llmopt_serve_env(spec.api_key)
         )
@@ -132,7 +170,7 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
             server.wait_ready()
         endpoint = server.url + "/v1" if server else config.endpoint
         model = config.model or first_model(endpoint, api_key)
-        target = Target(
+        yield Target(
             endpoint,
             model,
             config.api,
@@ -141,40 +179,83 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
             config.request_timeout,
             config.connection_reuse,
         )
-        for index, cell in todo:
-            summary = run_cell(sweep, target, server_name, spec, index, cell)
-            sweep.points.append(summary)
-            sweep.run.write_summaries(sweep.points, sweep.settings)
-            if sweep.on_point_done:
-                sweep.on_point_done(summary)
     finally:
         if server is not None:
             server.stop()
 
 
+def run_searches(sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None) -> None:
+    """The goodput search for each prompt and output length: every probe a point of the run; the
+    answers go into the run's settings ("search") and each probe's summary says if it is the answer."""
+    config = sweep.config
+    done = {p["key"]: p for p in sweep.points}
+    for number, (prompt_len, output_len) in enumerate(
+        itertools.product(config.prompt_lens, config.output_lens)
+    ):
+
+        def measure(
+            load: float, probe: int, prompt_len=prompt_len, output_len=output_len, number=number
+        ) -> dict:
+            cell = (prompt_len, output_len, config.search_point(load))
+            key = point_key(server_name, *cell)
+            if key in done:
+                return done[key]
+            summary = run_cell(sweep, target, server_name, spec, 1000 * number + probe, cell)
+            finish_point(sweep, summary)
+            return summary
+
+        result = run_search(config.search(), measure)
+        answer = next((p for p in result.probes if p["search"]["answer"]), None)
+        sweep.settings.setdefault("search", []).append(
+            {
+                "server": server_name,
+                "prompt_len": prompt_len,
+                "output_len": output_len,
+                "slo": config.goodput_search,
+                "percentile": config.search_percentile,
+                "answer": result.answer,
+                "answer_key": answer["key"] if answer else None,
+                "probes": [p["key"] for p in result.probes],
+            }
+        )
+        sweep.run.write_summaries(sweep.points, sweep.settings)
+
+
+@dataclass
+class Run:
+    """One run of a point (a point runs --num-runs times)."""
+
+    result: PointResult
+    planned_turns: dict[int, int]  # multi-turn runs: each session's number of turns
+    reset: bool | None  # whether the prefix cache was reset before it (None: not asked to)
+    warnings: list[str]
+
+
 def run_cell(
     sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None, index: int, cell: Cell
 ) -> dict:
-    """Run one load point of one server and return its summary."""
-    config, tokenizer = sweep.config, sweep.tokenizer
+    """Run one load point of one server (--num-runs times) and return its summary: the runs' records
+    pooled, and with several runs each headline metric's mean and confidence interval (repeats.py)."""
+    config = sweep.config
     prompt_len, output_len, point = cell
     key = point_key(server_name, *cell)
-    # Fresh prompts for every point (and for its warm-up), so that no point is served from
-    # prefix-cache entries that an earlier point or the warm-up left behind.
-    point_seed = config.seed + 7919 * index
-    requests = make_requests(config, tokenizer, prompt_len, output_len, point_seed)
-    if point.warmup:
-        point.warmup_requests = make_requests(
-            config, tokenizer, prompt_len, output_len, point_seed + 1, point.warmup
-        )
-    progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
-    count = functools.partial(count_tokens, tokenizer) if tokenizer is not None else None
+    target = dataclasses.replace(target, stream=point.stream)
     local = spec is not None  # only a local llmopt server is asked for its speculation counters
     before = scrape_spec_counters(target.endpoint) if local else None
-    result = asyncio.run(run_point(target, requests, point, sweep.records_out, key, progress, count))
-    summary = summarize(result.records, result.wall_s, sweep.slo, config.percentiles)
+    runs = [run_once(sweep, target, key, index, cell, repeat) for repeat in range(config.num_runs)]
+    records = [r for run in runs for r in run.result.records]
+    wall = sum(run.result.wall_s for run in runs)
+    summary = summarize(records, wall, sweep.slo, config.percentiles)
     if before is not None:
         summary["spec"] = spec_delta(before, scrape_spec_counters(target.endpoint))
+    if config.workload in SESSION_WORKLOADS:
+        planned = {s: n for run in runs for s, n in run.planned_turns.items()}
+        summary.update(summarize_sessions(records, wall, planned, config.percentiles))
+        tools = [run.result.tools for run in runs]
+        summary["tools"] = next((t for t in tools if t != "sent"), tools[0])  # a refusal is what to say
+    if config.num_runs > 1:
+        per_run = [summarize(r.result.records, r.result.wall_s, sweep.slo, config.percentiles) for r in runs]
+        summary["repeats"] = repeat_stats(per_run)
     summary.update(
         {
             "key": key,
@@ -186,11 +267,89 @@ def run_cell(
             "load": point.label,
             "concurrency": point.concurrency,
             "request_rate": point.request_rate,
+            "sessions": point.sessions,
+            "session_rate": point.session_rate,
+            "stream": point.stream,
             "server_args": spec.recorded_args() if spec else None,
-            "stopped_early": result.stopped_early,
+            "stopped_early": next((r.result.stopped_early for r in runs if r.result.stopped_early), None),
+            "prefix_cache_reset": runs[0].reset,
+            "warnings": list(dict.fromkeys(w for run in runs for w in run.warnings)),
         }
     )
     return summary
+
+
+def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, repeat: int) -> Run:
+    """One run of a point, after resetting the prefix cache."""
+    config, tokenizer = sweep.config, sweep.tokenizer
+    prompt_len, output_len, point = cell
+    # Fresh prompts for every point, run and warm-up, so that none is served from prefix-cache entries
+    # that an earlier one left behind; a point's place in the matrix seeds them (resume sends the same).
+    seed = config.seed + 7919 * index + 104729 * repeat
+    count = functools.partial(count_tokens, tokenizer) if tokenizer is not None else None
+    reset, warnings = cache_hygiene(config, target, index + repeat, point)
+    if config.workload in SESSION_WORKLOADS:
+        result, planned = run_sessions_cell(sweep, target, key, cell, seed, count, repeat)
+        return Run(result, planned, reset, warnings)
+    requests = make_requests(config, tokenizer, prompt_len, output_len, seed)
+    if point.warmup:
+        point.warmup_requests = make_requests(
+            config, tokenizer, prompt_len, output_len, seed + 1, point.warmup
+        )
+    progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
+    result = asyncio.run(run_point(target, requests, point, sweep.records_out, key, progress, count))
+    return Run(result, {}, reset, warnings)
+
+
+def cache_hygiene(
+    config: BenchConfig, target: Target, earlier: int, point: LoadPoint
+) -> tuple[bool | None, list[str]]:
+    """Before a run: reset the server's prefix cache (None: not asked to), and say what may still serve
+    it from a cache (prefix_cache.py); `earlier` counts the points and runs this server ran before."""
+    reset = None
+    if config.reset_prefix_cache:
+        reset = reset_prefix_cache(target.endpoint, target.api_key, min(60.0, target.timeout_s))
+    repeating = config.workload in REPEATING_WORKLOADS
+    file_warmup = config.workload == "file" and point.warmup > 0
+    return reset, cache_warnings(repeating, earlier, bool(reset), file_warmup)
+
+
+def run_sessions_cell(
+    sweep: Sweep, target: Target, key: str, cell: Cell, seed: int, count, repeat: int
+) -> tuple[PointResult, dict[int, int]]:
+    """A multi-turn run: about --num-requests turns' worth of sessions (at least as many as run at
+    once), warmed up with single prompts of a first turn's length; its result and each session's turns."""
+    config, tokenizer = sweep.config, sweep.tokenizer
+    turn_len, output_len, point = cell
+    width = point.sessions or 1
+    wanted = max(width, math.ceil(config.num_requests / config.turns))
+    conversations = enough(
+        make_conversations(config, tokenizer, turn_len, output_len, seed, wanted), config.num_requests, width
+    )
+    warm = None
+    if point.warmup:
+        warm = random_prompts(tokenizer, point.warmup, config.system_len + turn_len, output_len, seed + 5)
+    planned = sum(len(c.turns) for c in conversations)
+    progress = None
+    if sweep.on_point_start:
+        progress = sweep.on_point_start(key, dataclasses.replace(point, num_requests=planned))
+    first = repeat * len(conversations)  # each run's sessions numbered apart
+    result = asyncio.run(
+        run_sessions(target, conversations, point, sweep.records_out, key, progress, count, warm, first)
+    )
+    return result, {first + i: len(c.turns) for i, c in enumerate(conversations)}
+
+
+def enough(conversations: list[Conversation], num_requests: int, width: int) -> list[Conversation]:
+    """The first conversations that hold `num_requests` turns, and at least `width` of them (fewer
+    when there are fewer)."""
+    out, turns = [], 0
+    for conv in conversations:
+        if turns >= num_requests and len(out) >= width:
+            break
+        out.append(conv)
+        turns += len(conv.turns)
+    return out
 
 
 def first_model(endpoint: str, api_key: str | None) -> str:

@@ -27,7 +27,9 @@ from llmopt.cli.render import results_table
 # default. These keep their name and value:
 AS_GIVEN = (
     "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
-    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse"
+    "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse turns "
+    "system_len think_time burstiness ramp_up prompt_len_spread reset_prefix_cache goodput_search "
+    "search_percentile search_tolerance num_runs"
 ).split()
 
 
@@ -42,15 +44,21 @@ PARSED: dict[str, tuple[str, Callable[[object], object]]] = {
     "request_rate": ("request_rates", _list_of(float_list)),
     "prompt_len": ("prompt_lens", _list_of(int_list)),
     "output_len": ("output_lens", _list_of(int_list)),
+    "sessions": ("sessions", _list_of(int_list)),
+    "turn_len": ("prompt_lens", _list_of(int_list)),  # a multi-turn workload's prompt length
+    "stream": ("streams", lambda given: [given]),
     "percentiles": ("percentiles", lambda text: tuple(float_list(text))),
 }
 
 
 def settings_from_options(options: dict[str, object]) -> dict[str, object]:
     """{BenchConfig field: value} for the bench settings among the parsed `options` (None: not given)."""
+    if options["turn_len"] is not None and options["prompt_len"] is not None:
+        raise ValueError("--turn-len is the multi-turn name of --prompt-len: give one of them")
     settings = {name: options[name] for name in AS_GIVEN}
     for name, (field, parse) in PARSED.items():
-        settings[field] = None if options[name] is None else parse(options[name])
+        if options[name] is not None or field not in settings:
+            settings[field] = None if options[name] is None else parse(options[name])
     return settings
 
 
@@ -73,7 +81,10 @@ NumRequestsOption = Annotated[int | None, typer.Option(help="requests per load p
 MaxSecondsOption = Annotated[float | None, typer.Option(help="stop sending after this long per point")]
 WarmupOption = Annotated[int | None, typer.Option(help="uncounted warm-up requests per point; default: 2")]
 WorkloadOption = Annotated[
-    str | None, typer.Option(help="random, shared-prefix, copy or file; default: random")
+    str | None,
+    typer.Option(
+        help="random, shared-prefix, copy, file, multi-turn, agent or conversations; default: random"
+    ),
 ]
 PromptLenOption = Annotated[
     str | None, typer.Option(help="prompt lengths in tokens, e.g. 128,1024; default: 128")
@@ -83,7 +94,9 @@ OutputLenOption = Annotated[
 ]
 PrefixLenOption = Annotated[int | None, typer.Option(help="shared-prefix length (shared-prefix workload)")]
 NumPrefixesOption = Annotated[int | None, typer.Option(help="distinct shared prefixes; default: 1")]
-DatasetOption = Annotated[Path | None, typer.Option(help="JSONL or ShareGPT JSON file (file workload)")]
+DatasetOption = Annotated[
+    Path | None, typer.Option(help="JSONL or ShareGPT JSON file (file and conversations workloads)")
+]
 SloOption = Annotated[str | None, typer.Option(help="goodput SLOs, e.g. ttft=500ms,tpot=50ms")]
 PercentilesOption = Annotated[str, typer.Option(help="percentiles to report")]
 MaxErrorRateOption = Annotated[float | None, typer.Option(help="stop a point once this share fails")]
@@ -101,6 +114,55 @@ RequestTimeoutOption = Annotated[
 IgnoreEosOption = Annotated[bool, typer.Option(help="send ignore_eos so outputs have the asked length")]
 TokenizerOption = Annotated[
     str | None, typer.Option(help="tokenizer for prompt lengths (model or tokenizer folder, .gguf)")
+]
+SessionsOption = Annotated[
+    str | None,
+    typer.Option(help="multi-turn workloads: sessions at once, one point each, e.g. 1,4; default: 1"),
+]
+TurnsOption = Annotated[int | None, typer.Option(help="turns per synthetic session; default: 4")]
+TurnLenOption = Annotated[
+    str | None, typer.Option(help="user or tool text per turn in tokens (the multi-turn --prompt-len)")
+]
+SystemLenOption = Annotated[
+    int | None, typer.Option(help="shared system prompt of the synthetic sessions, tokens; default: 256")
+]
+ThinkTimeOption = Annotated[
+    float | None, typer.Option(help="seconds between an answer and the session's next turn; default: 0")
+]
+BurstinessOption = Annotated[
+    float | None, typer.Option(help="gamma shape of Poisson arrivals: 1 Poisson (default), < 1 burstier")
+]
+RampUpOption = Annotated[
+    float | None, typer.Option(help="seconds over which a rate point's rate rises linearly from 0")
+]
+SpreadOption = Annotated[
+    float | None, typer.Option(help="prompt lengths uniform in length * (1 +- this); default: 0")
+]
+StreamOption = Annotated[
+    bool | None,
+    typer.Option("--stream/--no-stream", help="stream answers (default); a recipe may sweep [true, false]"),
+]
+ResetCacheOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--reset-prefix-cache/--no-reset-prefix-cache",
+        help="POST /reset_prefix_cache before each point where the server has it (default on)",
+    ),
+]
+SearchOption = Annotated[
+    str | None,
+    typer.Option(
+        help="find the highest load meeting these SLOs, e.g. ttft=500ms,tpot=50ms (doubling, bisection)"
+    ),
+]
+SearchPercentileOption = Annotated[
+    float | None, typer.Option(help="the percentile at which the searched SLOs must hold; default: 90")
+]
+SearchToleranceOption = Annotated[
+    float | None, typer.Option(help="a rate search stops within this share of its answer; default: 0.1")
+]
+NumRunsOption = Annotated[
+    int | None, typer.Option(help="run each point this many times; summaries give 95 % intervals; default: 1")
 ]
 RunNameOption = Annotated[str | None, typer.Option(help="folder under --results-dir; default: a timestamp")]
 ResumeOption = Annotated[bool, typer.Option(help="continue an interrupted run (same --run-name)")]
@@ -131,6 +193,20 @@ def bench(
     max_error_rate: MaxErrorRateOption = None,
     request_timeout: RequestTimeoutOption = None,
     connection_reuse: ConnectionReuseOption = None,
+    sessions: SessionsOption = None,
+    turns: TurnsOption = None,
+    turn_len: TurnLenOption = None,
+    system_len: SystemLenOption = None,
+    think_time: ThinkTimeOption = None,
+    burstiness: BurstinessOption = None,
+    ramp_up: RampUpOption = None,
+    prompt_len_spread: SpreadOption = None,
+    stream: StreamOption = None,
+    reset_prefix_cache: ResetCacheOption = None,
+    goodput_search: SearchOption = None,
+    search_percentile: SearchPercentileOption = None,
+    search_tolerance: SearchToleranceOption = None,
+    num_runs: NumRunsOption = None,
     ignore_eos: IgnoreEosOption = True,
     tokenizer: TokenizerOption = None,
     run_name: RunNameOption = None,
@@ -175,20 +251,13 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
 
         return on_record
 
-    def on_point_done(summary: dict) -> None:
-        if summary["failed"]:
-            console.print(
-                f"[yellow]{summary['key']}: {summary['failed']} failed: "
-                f"{escape('; '.join(summary['errors'][:3]))}[/]"
-            )
-        if summary.get("stopped_early"):
-            console.print(f"[red]{summary['key']}: stopped early: {escape(summary['stopped_early'])}[/]")
-
     points: list[dict] = []
     interrupted = False
     with progress:
         try:
-            points = run_sweep(config, run_dir, resume, tokenizer, on_point_start, on_point_done)
+            points = run_sweep(
+                config, run_dir, resume, tokenizer, on_point_start, lambda p: print_point_notes(console, p)
+            )
         except KeyboardInterrupt:
             interrupted = True
     run = RunDir(run_dir)
@@ -210,3 +279,17 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
         console.print(f"[red]{failed} request(s) failed[/]")
         return 1
     return 0
+
+
+def print_point_notes(console: Console, summary: dict) -> None:
+    """What a finished point's table row cannot say: its failures, warnings, tools refused, early stop."""
+    key = summary["key"]
+    if summary["failed"]:
+        errors = escape("; ".join(summary["errors"][:3]))
+        console.print(f"[yellow]{key}: {summary['failed']} failed: {errors}[/]")
+    for note in summary.get("warnings") or []:
+        console.print(f"[yellow]{key}: warning: {escape(note)}[/]")
+    if summary.get("tools") not in (None, "sent"):
+        console.print(f"[yellow]{key}: tools {escape(summary['tools'])}[/]")
+    if summary.get("stopped_early"):
+        console.print(f"[red]{key}: stopped early: {escape(summary['stopped_early'])}[/]")

@@ -46,11 +46,13 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
     routes stream `max_tokens` one-word chunks, then the usage. Every request's path and body is kept
     in `seen` and its Authorization header in `auth`, so a test can check what the bench sent. A test
     that puts replies in `replies` gets each next request answered by the next of them instead (bad
-    servers: see `sse`, `hang_up`, `stall`, `answer`)."""
+    servers: see `sse`, `hang_up`, `stall`, `answer`). A request with `stream: false` gets a whole JSON
+    answer; /reset_prefix_cache answers the endpoint's `reset_status` and is counted in its `resets`."""
 
     seen: list[tuple[str, dict]]
     auth: list[str | None]
     replies: list[Reply]
+    endpoint: Endpoint  # its `resets` and `reset_status`: the /reset_prefix_cache route
     released: threading.Event  # set when the endpoint shuts down: a stalled reply then ends
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
@@ -66,6 +68,12 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/reset_prefix_cache":  # kept apart: `seen` holds completion requests only
+            self.endpoint.resets.append(self.headers.get("Authorization"))
+            self.send_response(self.endpoint.reset_status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.seen.append((self.path, request))
         self.auth.append(self.headers.get("Authorization"))
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
@@ -75,6 +83,9 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
             self.replies.pop(0)(self, request)
             return
         chat = self.path == "/v1/chat/completions"
+        if request.get("stream") is False:
+            whole(self, request, chat)
+            return
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -87,6 +98,23 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args) -> None:
         pass
+
+
+def whole(handler: ScriptedOpenAI, request: dict, chat: bool) -> None:
+    """A non-streamed answer of `max_tokens` words, with its usage."""
+    text = "word " * request["max_tokens"]
+    choice = (
+        {"index": 0, "message": {"role": "assistant", "content": text}}
+        if chat
+        else {"index": 0, "text": text}
+    )
+    usage = {"prompt_tokens": 10, "completion_tokens": request["max_tokens"]}
+    body = json.dumps({"choices": [choice], "usage": usage}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def event_stream(handler: ScriptedOpenAI) -> None:
@@ -154,13 +182,21 @@ class Endpoint:
     seen: list[tuple[str, dict]]  # (path, body) of every completion request, in arrival order
     auth: list[str | None] = field(default_factory=list)  # their Authorization headers
     replies: list[Reply] = field(default_factory=list)  # scripted answers to the next requests
+    resets: list[str | None] = field(default_factory=list)  # each /reset_prefix_cache call's Authorization
+    reset_status: int = 404  # what /reset_prefix_cache answers (404: no such route, as on most servers)
 
 
 @pytest.fixture
 def openai_endpoint() -> Iterator[Endpoint]:
     endpoint = Endpoint("", [])
     released = threading.Event()
-    shared = {"seen": endpoint.seen, "auth": endpoint.auth, "replies": endpoint.replies, "released": released}
+    shared = {
+        "seen": endpoint.seen,
+        "auth": endpoint.auth,
+        "replies": endpoint.replies,
+        "released": released,
+        "endpoint": endpoint,
+    }
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (ScriptedOpenAI,), shared))
     # Polled often, so that shutting it down after each test takes no half second.
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)

@@ -42,6 +42,8 @@ MALFORMED = [
     (sse(content("a"), USAGE, done=False), "stream ended without [DONE]"),
     (sse(done=False), "stream ended without [DONE]"),
     (sse(USAGE), "no content received"),
+    (sse(b'{"choices": [{"delta": {"tool_calls": {"a": 1}}}]}'), "tool_calls is not a list of objects"),
+    (sse(b'{"choices": [{"delta": {"tool_calls": [{"function": 5}]}}]}'), "function is no object"),
 ]
 
 
@@ -100,3 +102,16 @@ def test_an_http_error_keeps_its_status_and_message(openai_endpoint):
     bad, good = run(openai_endpoint)
     assert (bad.status, bad.error, bad.success) == (503, "HTTP 503: overloaded", False)
     assert good.success
+
+
+def test_a_streamed_tool_call_is_output_timed_from_its_first_piece(openai_endpoint):
+    def call(piece: dict) -> bytes:
+        return json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]}).encode()
+
+    first = {"index": 0, "id": "c1", "type": "function", "function": {"name": "search_docs", "arguments": ""}}
+    openai_endpoint.replies.append(
+        sse(call(first), call({"index": 0, "function": {"arguments": '{"q": 1}'}}), USAGE)
+    )
+    [record] = run(openai_endpoint, requests=1)
+    assert record.success and record.ttft is not None and len(record.itl) == 1
+    assert record.text == 'search_docs{"q": 1}'

@@ -17,7 +17,7 @@ POINT_FIELDS = {
     *("total_token_throughput", "prompt_tokens", "output_tokens", "cached_tokens", "tokens_from"),
     *("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "errors", "slo", "goodput", "slo_attainment", "key"),
     *("server", "model", "endpoint", "prompt_len", "output_len", "load", "concurrency", "request_rate"),
-    *("server_args", "stopped_early"),
+    *("server_args", "stopped_early", "sessions", "session_rate", "stream", "prefix_cache_reset", "warnings"),
 }
 
 

@@ -1,0 +1,140 @@
+"""A load point of a multi-turn workload: sessions, not requests, are the unit of load. A session sends
+its turns one at a time, each after the previous answer (plus the think time), each replaying the whole
+history; `sessions` run at once (a closed loop: when one ends the next starts), or sessions start at a
+`session_rate` (an open loop). A failed turn ends its session (recorded), never another's.
+
+Agent sessions send `tools`; the first refusal (HTTP 400 naming tools, as llmopt serve and most servers
+without tool support answer) switches the point to tools written as text, says so in its result, and
+sends the refused turn again as text: a refused request was not served, so this counts nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import IO
+
+from llmopt.bench.client import BenchRequest, RequestRecord, Target, send
+from llmopt.bench.conversation import Conversation
+from llmopt.bench.runner import Collector, LoadPoint, PointResult, client_session, open_loop, warm_up
+
+
+@dataclass
+class ToolUse:
+    """Whether a point's requests still send `tools`: the server's first refusal turns them off."""
+
+    send: bool = True
+    refusal: str | None = None
+
+    def summary(self) -> str:
+        if self.refusal is None:
+            return "sent"
+        return f"refused by the server ({self.refusal}): sent as text in the messages instead"
+
+
+def refuses_tools(record: RequestRecord) -> bool:
+    return record.status == 400 and "tool" in (record.error or "").lower()
+
+
+@dataclass
+class Sessions:
+    """What every session of one point shares."""
+
+    session: object  # the aiohttp.ClientSession
+    target: Target
+    point: LoadPoint
+    collect: Collector
+    tools: ToolUse
+    t0: float
+    deadline: float | None
+    count_tokens: Callable[[str], int] | None
+    counter: itertools.count  # numbers the point's requests in the order they are sent
+
+    def ended(self) -> bool:
+        return bool(self.collect.stop) or bool(self.deadline and time.perf_counter() >= self.deadline)
+
+
+async def run_sessions(
+    target: Target,
+    conversations: list[Conversation],
+    point: LoadPoint,
+    records_out: IO[str] | None = None,
+    point_key: str | None = None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+    warmup_requests: list[BenchRequest] | None = None,
+    first_session: int = 0,
+) -> PointResult:
+    """Run each conversation once as a session of the point; records carry their session (numbered from
+    `first_session`: a repeated point's runs number theirs apart) and turn."""
+    assert point.sessions is not None or point.session_rate is not None
+    async with client_session(target) as session:
+        await warm_up(session, target, point, warmup_requests or [], count_tokens)
+        collect = Collector(point, records_out, point_key, on_record)
+        t0 = time.perf_counter()
+        deadline = t0 + point.max_seconds if point.max_seconds else None
+        tools = ToolUse(send=any(c.tools for c in conversations))
+        shared = Sessions(
+            session, target, point, collect, tools, t0, deadline, count_tokens, itertools.count()
+        )
+
+        async def one(i: int) -> None:
+            await run_conversation(shared, conversations[i], first_session + i)
+
+        if point.sessions is not None:
+            await closed_loop(shared, len(conversations), one)
+        else:
+            await open_loop(len(conversations), point, deadline, collect.stop, t0, one)
+        wall = time.perf_counter() - t0
+    used_tools = tools.summary() if any(c.tools for c in conversations) else None
+    return PointResult(collect.records, wall, collect.stop[0] if collect.stop else None, used_tools)
+
+
+async def closed_loop(shared: Sessions, n: int, one: Callable) -> None:
+    """`shared.point.sessions` sessions at once, each next one started when one ends."""
+    numbers = itertools.count()
+
+    async def slot() -> None:
+        while (i := next(numbers)) < n and not shared.ended():
+            await one(i)
+
+    await asyncio.gather(*(slot() for _ in range(min(shared.point.sessions, n))))
+
+
+async def run_conversation(shared: Sessions, conv: Conversation, number: int) -> None:
+    """One session: its turns in order, until one fails or the point ends."""
+    answers: list[str] = []
+    answer_tokens = 0
+    for k in range(len(conv.turns)):
+        if k and shared.point.think_time:
+            await asyncio.sleep(shared.point.think_time)
+        if shared.ended():
+            return
+        record = await send_turn(shared, conv, k, answers, answer_tokens)
+        record.session, record.turn = number, k
+        shared.collect(record)
+        if not record.success:
+            return
+        answers.append(record.text or "")
+        answer_tokens += record.output_tokens
+
+
+async def send_turn(
+    shared: Sessions, conv: Conversation, k: int, answers: list[str], answer_tokens: int
+) -> RequestRecord:
+    """Turn `k`'s request sent and timed; with tools as text once the server refused them."""
+    with_tools = bool(conv.tools) and shared.tools.send
+    request = conv.request(k, answers, answer_tokens, with_tools)
+    record = await send(
+        shared.session, shared.target, request, next(shared.counter), shared.t0, shared.count_tokens
+    )
+    if with_tools and refuses_tools(record):
+        if shared.tools.send:
+            shared.tools.send, shared.tools.refusal = False, record.error
+        request = conv.request(k, answers, answer_tokens, False)
+        record = await send(
+            shared.session, shared.target, request, record.index, shared.t0, shared.count_tokens
+        )
+    return record
