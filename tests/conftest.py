@@ -27,6 +27,7 @@ from llmopt.quant.quantize import QuantizeConfig, quantize
 MODEL_FIXTURES = {
     "model_dir",
     "llm",
+    "hf_model",
     "hf_greedy",
     "server",
     "client",
@@ -76,11 +77,17 @@ def llm(model_dir) -> LLM:
 
 
 @pytest.fixture(scope="session")
-def hf_greedy(model_dir, llm):
-    """transformers' own greedy decode (batch 1), cut at the first token the engine treats as EOS."""
+def hf_model(model_dir):
+    """The default model under transformers (the reference the engine is checked against)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model, llm):
+    """transformers' own greedy decode (batch 1), cut at the first token the engine treats as EOS."""
+    model = hf_model
     eos = llm.engine.eos_token_ids
 
     @functools.cache

@@ -62,10 +62,11 @@ class BlockManager:
     def take_cached_prefix(self, seq: Sequence) -> int:
         """Give a new sequence the cached blocks of its longest cached prefix; return the tokens covered.
 
-        The last prompt token is never taken from the cache: its logits are needed to sample.
+        The last prompt token is never taken from the cache: its logits are needed to sample. Nor is any
+        prompt token of a request that asks for prompt logprobs and has not had them yet.
         """
         assert not seq.block_table and seq.num_computed_tokens == 0
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq.needs_prompt_logits:
             return 0
         parent: int | None = None
         for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
@@ -93,8 +94,9 @@ class BlockManager:
         if not self.allocate(seq, seq.num_computed_tokens + num_new):
             self.free(seq)
             return None
-        self.prefix_cache_queries += len(seq)
-        self.prefix_cache_hits += cached
+        if not seq.needs_prompt_logits:  # that one never looks the cache up
+            self.prefix_cache_queries += len(seq)
+            self.prefix_cache_hits += cached
         return num_new
 
     def allocate(self, seq: Sequence, num_tokens: int) -> bool:

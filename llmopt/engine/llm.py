@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.sampling_params import SamplingParams
 
 
@@ -15,6 +16,8 @@ class CompletionOutput:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # one per output token, when asked for
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token (the first: logprob None)
 
 
 class LLM:
@@ -42,6 +45,11 @@ class LLM:
                 result = results[out.request_id]
                 result.text += out.new_text
                 result.token_ids += out.new_token_ids
+                if out.logprobs is not None:
+                    result.logprobs = result.logprobs or []
+                    result.logprobs += out.logprobs
+                if out.prompt_logprobs is not None:
+                    result.prompt_logprobs = out.prompt_logprobs
                 if out.finished:
                     result.finish_reason = out.finish_reason
                     result.prompt_tokens = out.prompt_tokens

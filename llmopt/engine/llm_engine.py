@@ -18,18 +18,24 @@ from llmopt.checkpoints import load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
+from llmopt.engine.logprobs import TokenLogprob, first_prompt_token, token_logprobs
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.outputs import EngineStats, RequestOutput
+from llmopt.engine.penalties import apply_penalties
 from llmopt.engine.sampler import ban_stop_tokens, greedy_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import Scheduler
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
+from llmopt.engine.spec_decode.forced import propose_forced
+from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import proposal_room, record_acceptance
 from llmopt.engine.spec_decode.stats import SpecStats
 from llmopt.engine.spec_decode.verify import verify
 from llmopt.engine.stop import stop_reason
+from llmopt.engine.structured.compiler import GrammarCompiler
+from llmopt.engine.structured.sequence_grammar import SequenceGrammar
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +73,7 @@ class LLMEngine:
             else None
         )
         self.spec_stats = SpecStats()
+        self.grammars = GrammarCompiler(self.tokenizer, vocab, sorted(self.eos_token_ids))
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
@@ -90,11 +97,12 @@ class LLMEngine:
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         return list(prompt) if isinstance(prompt, list) else self.tokenizer.encode(prompt)
 
-    def chat_token_ids(self, messages: list[dict]) -> list[int]:
-        """The prompt tokens of a conversation under the tokenizer's chat template."""
+    def chat_token_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The prompt tokens of a conversation under the tokenizer's chat template (`tools` only for a
+        template that renders them)."""
         return list(
             self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
             )
         )
 
@@ -118,9 +126,12 @@ class LLMEngine:
         capacity = self.block_manager.num_blocks * self.config.block_size
         if total > capacity:
             raise ValueError(f"the request needs {total} tokens of KV cache; the pool holds {capacity}")
-        self.check_token_ids(token_ids + params.stop_token_ids)
+        self.check_token_ids(token_ids + params.stop_token_ids + list(params.logit_bias))
         request_id = request_id or f"req-{next(self._request_counter)}"
         seq = Sequence(request_id, token_ids, params, seed=request_seed(self.config.seed, request_id))
+        if params.structured_output is not None:  # the server compiled it already: a cache hit here
+            compiled = self.grammars.compile(params.structured_output)
+            seq.grammar = SequenceGrammar(compiled, self.runner.model.config.vocab_size)
         self._new.put(Request(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop), on_output))
         return request_id
 
@@ -179,46 +190,73 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one batched forward; return the outputs it produced (each also goes to its callback)."""
         outputs = self._drain_queues()
-        if self.proposer is not None:
+        if self.proposer is not None or any(s.grammar is not None for s in self.scheduler.running):
             self._propose()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return outputs
-        # Sequences whose new tokens reach the end of their context get logits: one row, or 1 + k rows
-        # when they verify k proposed tokens.
-        counts = [
-            1 + len(s.spec_token_ids) if s.num_computed_tokens + n == len(s) + len(s.spec_token_ids) else 0
-            for s, n in zip(batch.seqs, batch.num_new_tokens)
-        ]
+        rows = [logit_rows(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)]
+        counts = [scored + sampled for scored, sampled in rows]
         logits = self.runner.run(batch, counts)
         starts = list(itertools.accumulate(counts, initial=0))
-        greedy = greedy_tokens(logits)  # one call for every row (one per sequence: 4 % of a 16-row step)
+        # One greedy call for every row (one per sequence: 4 % of a 16-row step); with prompt rows in the
+        # batch (hundreds of them), each sequence picks from its own rows instead.
+        greedy = greedy_tokens(logits) if not any(scored for scored, _ in rows) else None
         now = time.perf_counter()
-        for seq, n, start, count in zip(batch.seqs, batch.num_new_tokens, starts, counts):
-            if count == 0:  # a prefill chunk with more to come
-                seq.num_computed_tokens += n
-                self.block_manager.cache_full_blocks(seq)
-                continue
-            rows = slice(start, start + count)
+        for seq, n, start, (scored, sampled) in zip(batch.seqs, batch.num_new_tokens, starts, rows):
+            sample = slice(start + scored, start + scored + sampled)
+            picks = None if greedy is None else greedy[sample]
             try:
-                outputs.append(self._advance(seq, n, logits[rows], greedy[rows], now))
+                if seq.needs_prompt_logits:
+                    self._score_prompt(seq, logits[start : start + scored])
+                if sampled:
+                    outputs.append(self._advance(seq, n, logits[sample], picks, now))
             except Exception as exc:  # this request's sampling, stop check or text failed: it alone ends
                 log.exception("request %s failed; the batch goes on", seq.request_id)
                 outputs.append(self._fail(seq, exc))
+                continue
+            if not sampled:  # a prefill chunk with more to come
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
         return outputs
 
+    def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
+        """Record the logprobs of the prompt tokens this chunk's rows predict (row i: the token at
+        position start + i + 1); a recompute after a preemption writes them again."""
+        start = seq.num_computed_tokens
+        if start == 0:
+            seq.prompt_logprobs = [first_prompt_token(seq.token_ids[0])]
+        assert seq.prompt_logprobs is not None and len(seq.prompt_logprobs) >= start + 1
+        del seq.prompt_logprobs[start + 1 :]
+        targets = seq.token_ids[start + 1 : start + 1 + len(logits)]
+        seq.prompt_logprobs += token_logprobs(logits, targets, seq.params.prompt_logprobs)
+
     def _advance(
-        self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int], now: float
+        self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int] | None, now: float
     ) -> RequestOutput:
-        """Sample (or verify) `seq`'s next tokens from its logits rows and hand them out."""
+        """Sample (or verify) `seq`'s next tokens from its logits rows and hand them out. `greedy`: the
+        rows' argmax if the batch took it (None: take it here)."""
+        if seq.params.max_tokens == 0:  # only the prompt was to be scored (echo with max_tokens 0)
+            seq.num_computed_tokens += n
+            self.scheduler.finish(seq, "length")
+            return self._finish(self._requests[seq.request_id], [])
+        # Logprobs are of the model's own distribution (vLLM's raw_logprobs): kept before anything
+        # below changes the logits.
+        raw = logits.clone() if seq.params.logprobs is not None else None
+        changed = apply_penalties(logits, seq)
+        if seq.grammar is not None:  # what the grammar forbids, row by row through the proposals
+            seq.grammar.mask(logits, seq.spec_token_ids)
         if not seq.spec_token_ids:  # a verification bans stop tokens itself, row by row
             ban_stop_tokens(logits, self.eos_token_ids, seq.params, seq.num_output_tokens)
-            if seq.params.min_tokens > seq.num_output_tokens:
-                greedy = greedy_tokens(logits)  # the batched pick saw the logits before the ban
+        changed = changed or seq.grammar is not None or seq.params.min_tokens > seq.num_output_tokens
+        if greedy is None or changed:
+            greedy = greedy_tokens(logits)  # the batched pick saw the logits before they changed
         new_tokens = self._next_tokens(seq, n, logits, greedy)
+        if seq.grammar is not None:
+            seq.grammar.accept(new_tokens)
         seq.token_ids.extend(new_tokens)
         self.block_manager.cache_full_blocks(seq)
-        return self._emit(seq, new_tokens, now)
+        return self._emit(seq, new_tokens, now, raw)
 
     def _next_tokens(self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int]) -> list[int]:
         """The tokens `seq` gains from this step's `n` computed tokens and their `logits` rows: one sampled
@@ -230,28 +268,42 @@ class LLMEngine:
         new_tokens, accepted = verify(
             logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
         )
-        self.spec_stats.record(len(seq.spec_token_ids), accepted)
-        record_acceptance(seq, accepted)
+        forced = min(seq.spec_num_forced, len(seq.spec_token_ids))
+        self.spec_stats.record(len(seq.spec_token_ids), accepted, forced)
+        if not forced:  # the proposal policy paces the proposer; forced tokens need no pacing
+            record_acceptance(seq, accepted)
         # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
         seq.num_computed_tokens += 1 + accepted
-        seq.spec_token_ids, seq.spec_draft_probs = [], None
+        seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = [], None, 0
         return new_tokens
 
     def _propose(self) -> None:
-        """Give every decoding sequence up to k proposed tokens to verify in this step."""
-        k = self.speculative_config.num_speculative_tokens
+        """Give every decoding sequence its proposals to verify in this step: the tokens its grammar
+        forces (n-gram lookups may continue past them), or else up to k from the proposer, cut where
+        the grammar refuses one."""
+        k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
+        ngram = self.proposer if isinstance(self.proposer, NgramProposer) else None
         ready, ks = [], []
         for seq in self.scheduler.running:
-            room = proposal_room(seq, k, self.max_model_len)
+            if propose_forced(seq, self.max_model_len, ngram, k):
+                continue
+            room = proposal_room(seq, k, self.max_model_len) if self.proposer is not None else 0
             if room > 0:
                 ready.append(seq)
                 ks.append(room)
         if ready:
             for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
-                seq.spec_token_ids, seq.spec_draft_probs = proposal.tokens, proposal.draft_probs
+                tokens, probs = proposal.tokens, proposal.draft_probs
+                if seq.grammar is not None:
+                    tokens = tokens[: seq.grammar.valid_prefix(tokens)]
+                    probs = probs[: len(tokens)] if probs is not None and tokens else None
+                seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = tokens, probs, 0
 
-    def _emit(self, seq: Sequence, tokens: list[int], now: float) -> RequestOutput:
-        """Hand out the tokens a step appended, stopping at the first one that finishes the request."""
+    def _emit(
+        self, seq: Sequence, tokens: list[int], now: float, raw: torch.Tensor | None = None
+    ) -> RequestOutput:
+        """Hand out the tokens a step appended, stopping at the first one that finishes the request;
+        with their logprobs from `raw`, the untouched logits rows they were drawn from."""
         request = self._requests[seq.request_id]
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -267,11 +319,15 @@ class LLMEngine:
             )
             if reason is not None:
                 break
+        logprobs = None
+        if raw is not None:  # row i of a verification's logits is where its i-th new token came from
+            logprobs = token_logprobs(raw[: len(emitted)], emitted, seq.params.logprobs)
         if reason is not None:
             del seq.token_ids[start + len(emitted) :]  # accepted tokens past the stop are dropped
             self.scheduler.finish(seq, reason)
-            return self._finish(request, emitted)
+            return self._finish(request, emitted, logprobs=logprobs)
         output = RequestOutput(seq.request_id, emitted, request.detokenizer.take_delta(False), False)
+        output.logprobs, output.prompt_logprobs = logprobs, take_prompt_logprobs(seq)
         if request.on_output is not None:
             request.on_output(output)
         return output
@@ -285,7 +341,13 @@ class LLMEngine:
             return RequestOutput(seq.request_id, [], "", True, "error", error=error)
         return self._finish(request, [], error=error)
 
-    def _finish(self, request: Request, new_tokens: list[int], error: str | None = None) -> RequestOutput:
+    def _finish(
+        self,
+        request: Request,
+        new_tokens: list[int],
+        error: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> RequestOutput:
         seq = request.seq
         seq.finish_time = time.perf_counter()
         del self._requests[seq.request_id]
@@ -303,6 +365,8 @@ class LLMEngine:
             output_tokens=seq.num_output_tokens,
             cached_tokens=seq.num_cached_tokens,
             error=error,
+            logprobs=logprobs,
+            prompt_logprobs=take_prompt_logprobs(seq),
         )
         if request.on_output is not None:
             request.on_output(output)
@@ -324,6 +388,7 @@ class LLMEngine:
             spec_drafts=self.spec_stats.drafts,
             spec_draft_tokens=self.spec_stats.draft_tokens,
             spec_accepted_tokens=self.spec_stats.accepted_tokens,
+            spec_forced_tokens=self.spec_stats.forced_tokens,
             spec_acceptance_by_position=self.spec_stats.acceptance_by_position(),
             spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
         )
@@ -333,3 +398,19 @@ def request_seed(engine_seed: int, request_id: str) -> int:
     """The sampling seed of a request that gives none: the same in every process (str hash() is salted
     per process, so it would not reproduce a run)."""
     return (engine_seed + zlib.crc32(request_id.encode())) % 2**63
+
+
+def logit_rows(seq: Sequence, n: int) -> tuple[int, int]:
+    """(rows scored, rows sampled) of `seq`'s `n` new tokens this step. A sequence whose new tokens reach
+    the end of its context samples from one row, or from 1 + k when it verifies k proposed tokens; one
+    whose prompt is being scored for prompt logprobs also gets every row before those (row i predicts
+    the prompt token after it)."""
+    reaches_end = seq.num_computed_tokens + n == len(seq) + len(seq.spec_token_ids)
+    sampled = 1 + len(seq.spec_token_ids) if reaches_end else 0
+    return (n - sampled if seq.needs_prompt_logits else 0), sampled
+
+
+def take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob] | None:
+    """The prompt logprobs to hand out with `seq`'s first output (None after it, or if never asked)."""
+    prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+    return prompt_logprobs

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmopt.engine.logprobs import TokenLogprob
+
 
 @dataclass
 class RequestOutput:
@@ -18,6 +20,8 @@ class RequestOutput:
     output_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None  # finish_reason "error": why this request alone failed
+    logprobs: list[TokenLogprob] | None = None  # one per new token, when the request asks for them
+    prompt_logprobs: list[TokenLogprob] | None = None  # one per prompt token, on the first output only
 
 
 @dataclass
@@ -37,5 +41,6 @@ class EngineStats:
     spec_drafts: int = 0  # verification steps with at least one proposed token
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
+    spec_forced_tokens: int = 0  # accepted proposals a grammar forced (also in the two counts above)
     spec_acceptance_by_position: list[float] | None = None
     spec_mean_acceptance_length: float = 0.0

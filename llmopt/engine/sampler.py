@@ -1,4 +1,4 @@
-"""Turning logits into tokens: greedy, or temperature / top-k / top-p with a per-request generator."""
+"""Turning logits into tokens: greedy, or temperature / min-p / top-k / top-p with a per-request generator."""
 
 from __future__ import annotations
 
@@ -19,9 +19,15 @@ def ban_stop_tokens(
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution a sampled request draws from: temperature, then top-k, then top-p."""
-    logits = logits / params.temperature
+    """The distribution a sampled request draws from: temperature, then min-p, top-k and top-p (vLLM's
+    order)."""
+    # Capped at fp32's largest value: a logit a tiny repetition_penalty sent to +inf (or a huge one over a
+    # small temperature) would make the softmax NaN; capped, the largest logits share the mass.
+    logits = (logits / params.temperature).clamp(max=torch.finfo(logits.dtype).max)
     vocab = logits.shape[-1]
+    if params.min_p > 0:  # drop what is less likely than min_p x the most likely token
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

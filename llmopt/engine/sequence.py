@@ -2,10 +2,15 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
+from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llmopt.engine.structured.sequence_grammar import SequenceGrammar
 
 
 class SequenceStatus(enum.Enum):
@@ -30,6 +35,8 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.spec_token_ids: list[int] = []  # proposed tokens this step verifies (speculative decoding)
         self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled
+        self.spec_num_forced = 0  # how many of the proposals are tokens its grammar forces
+        self.grammar: SequenceGrammar | None = None  # its structured output (set by the engine)
         # After a proposal with nothing accepted, skip proposing for a while (doubling, up to a cap):
         # verification costs compute, and free text rarely repeats itself for long.
         self.spec_backoff = 0
@@ -44,6 +51,9 @@ class Sequence:
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
+        # Prompt logprobs by position, filled chunk by chunk while prefilling; handed out (and dropped
+        # here) with the first output.
+        self.prompt_logprobs: list[TokenLogprob] | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -51,3 +61,9 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt logprobs are asked for and the prompt is not yet scored: every prompt position needs its
+        logits row, so none of it may come from the prefix cache (vLLM skips the cache for these too)."""
+        return self.params.prompt_logprobs is not None and self.num_output_tokens == 0

@@ -17,7 +17,10 @@ def stop_reason(
     """'stop' or 'length' if `token`, the `length`-th token of `seq`, ends it; None to go on. The
     detokenizer sees every token that is not a stop token (it finds the stop strings)."""
     params = seq.params
-    if token in eos_token_ids and not params.ignore_eos or token in params.stop_token_ids:
+    # A grammar allows a stop token only where it is complete, and nothing after it: even with
+    # ignore_eos it ends the request.
+    ends = not params.ignore_eos or seq.grammar is not None
+    if token in eos_token_ids and ends or token in params.stop_token_ids:
         return "stop"
     if detokenizer.add(token) is not None:
         return "stop"

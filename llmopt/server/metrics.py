@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.outputs import EngineStats
 
 LATENCY_BUCKETS = (
     0.005,
@@ -36,6 +37,57 @@ PREFIXES = ("llmopt", "vllm")
 LLMOPT_ONLY = {"kv_blocks_used", "kv_blocks_total", "spec_decode_mean_acceptance_length"}
 
 
+def engine_values(s: EngineStats) -> list[tuple]:
+    """(metric family, name, help, value) of every engine counter and gauge."""
+    return [
+        (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", s.num_running),
+        (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
+        (GaugeMetricFamily, "kv_blocks_used", "KV cache blocks in use.", s.kv_blocks_used),
+        (GaugeMetricFamily, "kv_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total),
+        (
+            CounterMetricFamily,
+            "prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache.",
+            s.prefix_cache_queries,
+        ),
+        (
+            CounterMetricFamily,
+            "prefix_cache_hits",
+            "Prompt tokens served from the prefix cache.",
+            s.prefix_cache_hits,
+        ),
+        (CounterMetricFamily, "num_preemptions", "Sequences preempted by recompute.", s.num_preemptions),
+        (CounterMetricFamily, "prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens),
+        (CounterMetricFamily, "generation_tokens", "Generated tokens.", s.generation_tokens),
+        (
+            CounterMetricFamily,
+            "request_success",
+            "Requests finished (stop or length).",
+            s.requests_finished,
+        ),
+        (CounterMetricFamily, "spec_decode_num_drafts", "Speculative verification steps.", s.spec_drafts),
+        (CounterMetricFamily, "spec_decode_num_draft_tokens", "Proposed tokens.", s.spec_draft_tokens),
+        (
+            CounterMetricFamily,
+            "spec_decode_num_accepted_tokens",
+            "Accepted proposed tokens.",
+            s.spec_accepted_tokens,
+        ),
+        (
+            CounterMetricFamily,
+            "spec_decode_num_forced_tokens",
+            "Accepted proposed tokens that a structured output's grammar forced.",
+            s.spec_forced_tokens,
+        ),
+        (
+            GaugeMetricFamily,
+            "spec_decode_mean_acceptance_length",
+            "Tokens per verification step.",
+            s.spec_mean_acceptance_length,
+        ),
+    ]
+
+
 class EngineCollector:
     def __init__(self, engine: LLMEngine, model_name: str):
         self.engine = engine
@@ -51,47 +103,7 @@ class EngineCollector:
 
     def collect(self):
         s = self.engine.stats()
-        values = [
-            (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", s.num_running),
-            (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
-            (GaugeMetricFamily, "kv_blocks_used", "KV cache blocks in use.", s.kv_blocks_used),
-            (GaugeMetricFamily, "kv_blocks_total", "KV cache blocks in the pool.", s.kv_blocks_total),
-            (
-                CounterMetricFamily,
-                "prefix_cache_queries",
-                "Prompt tokens looked up in the prefix cache.",
-                s.prefix_cache_queries,
-            ),
-            (
-                CounterMetricFamily,
-                "prefix_cache_hits",
-                "Prompt tokens served from the prefix cache.",
-                s.prefix_cache_hits,
-            ),
-            (CounterMetricFamily, "num_preemptions", "Sequences preempted by recompute.", s.num_preemptions),
-            (CounterMetricFamily, "prompt_tokens", "Prompt tokens of finished requests.", s.prompt_tokens),
-            (CounterMetricFamily, "generation_tokens", "Generated tokens.", s.generation_tokens),
-            (
-                CounterMetricFamily,
-                "request_success",
-                "Requests finished (stop or length).",
-                s.requests_finished,
-            ),
-            (CounterMetricFamily, "spec_decode_num_drafts", "Speculative verification steps.", s.spec_drafts),
-            (CounterMetricFamily, "spec_decode_num_draft_tokens", "Proposed tokens.", s.spec_draft_tokens),
-            (
-                CounterMetricFamily,
-                "spec_decode_num_accepted_tokens",
-                "Accepted proposed tokens.",
-                s.spec_accepted_tokens,
-            ),
-            (
-                GaugeMetricFamily,
-                "spec_decode_mean_acceptance_length",
-                "Tokens per verification step.",
-                s.spec_mean_acceptance_length,
-            ),
-        ]
+        values = engine_values(s)
         for kind, name, doc, value in values:
             for prefix in PREFIXES if name not in LLMOPT_ONLY else PREFIXES[:1]:
                 yield self.family(kind, prefix, name, doc, value)

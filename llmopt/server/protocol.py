@@ -14,33 +14,31 @@ MAX_STOP_SEQUENCES = 16
 MAX_STOP_LENGTH = 256  # characters
 MAX_STOP_TOKEN_IDS = 1024
 MAX_ENGINE_REQUESTS = 256  # prompts x n of one HTTP request
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI bounds it
+MAX_LEGACY_LOGPROBS = 5  # completions' logprobs, as OpenAI bounds it
+MAX_TOKEN_ID_DIGITS = 10  # a logit_bias key longer than this is no token id (and int() of it is slow)
+Penalty = Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)]  # frequency and presence (OpenAI)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (chat: the rest of the context)
+# OpenAI's limits on tools: at most 128 functions, names of 1-64 letters, digits, '_' or '-' (so a name
+# needs no escaping in the prompt or in the grammar that constrains a call).
+MAX_TOOLS = 128
+TOOL_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 
 # OpenAI fields this server does not honour, with the values that ask for nothing (and so are accepted).
 # Anything else is a 400 naming the field: a client must not believe it got JSON mode or a penalty.
+# Only undeclared fields are looked up here, so a field a request model declares (ChatCompletionRequest's
+# tools, tool_choice, parallel_tool_calls) is honoured there and still refused by /v1/completions.
 UNSUPPORTED_FIELDS: dict[str, tuple] = {
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "parallel_tool_calls": (None, True, False),
-    "logit_bias": (None, {}),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "min_p": (None, 0, 0.0),
-    "top_logprobs": (None, 0),
     "best_of": (None, 1),
     "suffix": (None, ""),
     "audio": (None,),
     "modalities": (None, ["text"]),
     "prediction": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
-    "structured_outputs": (None,),
 }
 
 
@@ -69,7 +67,34 @@ class SamplingRequest(BaseModel):
     user: str | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
-    logprobs: bool | int | None = None
+    # Penalties and bias (engine/penalties.py) and min_p, with OpenAI's and vLLM's bounds; null: off.
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_maps_token_ids_to_bounded_values(cls, bias: dict[str, float] | None) -> dict | None:
+        for key, value in (bias or {}).items():
+            # Plain ASCII digits only: int() would also take " 5", "+5", "5_0" and other scripts' digits.
+            if not (key.isascii() and key.isdigit() and len(key) <= MAX_TOKEN_ID_DIGITS):
+                raise ValueError(f"keys must be token ids, got {key[:20]!r}")
+            if not -100 <= value <= 100:  # NaN fails this too
+                raise ValueError(f"values must be in [-100, 100], got {value} for token {key}")
+        return bias
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        return {int(k): v for k, v in (self.logit_bias or {}).items()}
+
+    def num_logprobs(self) -> int | None:
+        """How many of the most likely tokens each output token's logprobs list (None: no logprobs)."""
+        return None
+
+    def num_prompt_logprobs(self) -> int | None:
+        """The same for each prompt token (None: the prompt is not scored)."""
+        return None
 
     @field_validator("stop")
     @classmethod
@@ -100,7 +125,20 @@ class SamplingRequest(BaseModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: Annotated[str, Field(min_length=1)] | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    max_tokens: Annotated[int, Field(ge=0)] | None = None  # 0 only with echo: the prompt is scored
+    echo: bool = False  # the text starts with the prompt (and with logprobs, the prompt's logprobs too)
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LEGACY_LOGPROBS)] | None = None
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        if not self.echo:
+            return None
+        if self.logprobs is not None:
+            return self.logprobs
+        # Echo with max_tokens 0 scores the prompt even without logprobs: that is the request's only work.
+        return 0 if self.max_tokens == 0 else None
 
 
 class ContentPart(BaseModel):
@@ -109,10 +147,28 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it (tools.py checks that it parses)
+
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, replayed by the client."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None  # assistant turns
+    tool_call_id: str | None = None  # tool turns: the call this result answers
+    name: str | None = None
 
     def non_text_part(self) -> str | None:
         """The type of the first content part that is not text (this server reads text only)."""
@@ -126,13 +182,42 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema of type object (tools.py checks it); None: no arguments
+    strict: bool | None = None  # calls are constrained (required, named) or parsed (auto) either way
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+Tools = Annotated[list[ToolDefinition], Field(max_length=MAX_TOOLS)]
+
+
 class TokenizeRequest(BaseModel):
-    """vLLM's /tokenize: a prompt, or messages under the chat template."""
+    """vLLM's /tokenize: a prompt, or messages (and tools) under the chat template."""
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    tools: Tools | None = None
     add_special_tokens: bool = True
 
 
@@ -145,3 +230,11 @@ class DetokenizeRequest(BaseModel):
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # needs logprobs: true
+    tools: Tools | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto
+    parallel_tool_calls: bool = True
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

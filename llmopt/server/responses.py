@@ -10,15 +10,17 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmopt.engine.outputs import RequestOutput
 from llmopt.server.errors import APIError, aborted_error, request_failed
+from llmopt.server.logprobs import LogprobsWriter
 from llmopt.server.protocol import SamplingRequest
 from llmopt.server.request_group import RequestGroup
+from llmopt.server.tool_parsers import ChoiceParser, ToolCallDelta, assemble
 
 DONE = "data: [DONE]\n\n"
 
@@ -59,8 +61,8 @@ class ResponseShape:
     delta: Callable[[str], dict]  # a piece of a choice's text, in a stream chunk
     opening: Callable[[], dict] | None  # what each choice's stream opens with, before any text
 
-    def choice(self, index: int, body: dict, finish_reason: str | None) -> dict:
-        return {"index": index, **body, "logprobs": None, "finish_reason": finish_reason}
+    def choice(self, index: int, body: dict, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        return {"index": index, **body, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def _chat_delta(text: str) -> dict:
@@ -98,10 +100,17 @@ class Reply:
     model: str
     id: str
     created: int
+    parser: Callable[[], ChoiceParser | None] | None = None  # reads tool calls out of a choice's text
+    logprobs: LogprobsWriter | None = None  # the choices' logprobs and echo, when asked for
 
     @classmethod
-    def new(cls, shape: ResponseShape, model: str) -> Reply:
-        return cls(shape, model, shape.id_prefix + uuid.uuid4().hex, int(time.time()))
+    def new(
+        cls, shape: ResponseShape, model: str, parser: Callable[[], ChoiceParser | None] | None = None
+    ) -> Reply:
+        return cls(shape, model, shape.id_prefix + uuid.uuid4().hex, int(time.time()), parser)
+
+    def new_parser(self) -> ChoiceParser | None:
+        return self.parser() if self.parser is not None else None
 
     def body(self, object_: str, choices: list[dict]) -> dict:
         return {
@@ -114,9 +123,15 @@ class Reply:
 
 
 async def respond(
-    req: SamplingRequest, group: RequestGroup, shape: ResponseShape, model: str, http_request: Request
+    req: SamplingRequest,
+    group: RequestGroup,
+    shape: ResponseShape,
+    model: str,
+    http_request: Request,
+    parser: Callable[[], ChoiceParser | None] | None = None,
+    logprobs: LogprobsWriter | None = None,
 ) -> Response:
-    reply = Reply.new(shape, model)
+    reply = replace(Reply.new(shape, model, parser), logprobs=logprobs)
     if req.stream:  # a stream notices a gone client when a write fails, and aborts then
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(group, reply, include_usage), media_type="text/event-stream")
@@ -147,19 +162,66 @@ def ended_early(out: RequestOutput, group: RequestGroup) -> APIError | None:
 
 async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
     """The whole response at once, after every choice has finished."""
-    texts = [""] * len(group.request_ids)
+    writer = reply.logprobs
+    texts = [writer.take_echo(i) if writer is not None else "" for i in range(len(group.request_ids))]
     finish: list[str | None] = [None] * len(group.request_ids)
     usage = Usage()
     async for index, out in group.outputs():
         texts[index] += out.new_text
+        if writer is not None:
+            writer.collect(index, out)
         if out.finished:
             if (error := ended_early(out, group)) is not None:
                 raise error
             finish[index] = out.finish_reason
         usage.add(out, index, group.n_per_prompt)
     shape = reply.shape
-    choices = [shape.choice(i, shape.content(t), f) for i, (t, f) in enumerate(zip(texts, finish))]
+    choices = [whole_choice(reply, i, t, f) for i, (t, f) in enumerate(zip(texts, finish))]
+    if writer is not None:
+        for i, choice in enumerate(choices):
+            choice["logprobs"] = writer.whole(i)
     return JSONResponse({**reply.body(shape.object, choices), "usage": usage.to_dict()})
+
+
+def whole_choice(reply: Reply, index: int, text: str, finish: str | None) -> dict:
+    """A finished choice of the JSON body: its text, or its tool calls and what text is left. The text
+    goes through the same parser as a stream's, so the two agree."""
+    shape = reply.shape
+    parser = reply.new_parser()
+    if parser is None:
+        return shape.choice(index, shape.content(text), finish)
+    content, calls = assemble(parser.feed(text) + parser.finish())
+    if not calls:
+        return shape.choice(index, shape.content(content), finish)
+    message = {"role": "assistant", "content": content or None, "tool_calls": calls}
+    return shape.choice(index, {"message": message}, tool_finish_reason(finish, parser))
+
+
+def tool_finish_reason(finish: str | None, parser: ChoiceParser) -> str | None:
+    """OpenAI's "tool_calls" for an answer that ended with calls; "length" stays (an answer cut short)."""
+    return "tool_calls" if parser.calls and finish == "stop" else finish
+
+
+def stream_bodies(
+    reply: Reply, parsers: dict[int, ChoiceParser | None], index: int, out: RequestOutput
+) -> list[tuple[dict, str | None]]:
+    """The chunk bodies one engine output makes for its choice, each with its finish reason (only the
+    last of a finished choice has one). With a tool parser, text it holds back makes no chunk."""
+    finish = out.finish_reason if out.finished else None
+    if index not in parsers:
+        parsers[index] = reply.new_parser()
+    parser = parsers[index]
+    if parser is None:
+        return [(reply.shape.delta(out.new_text), finish)]
+    pieces = parser.feed(out.new_text) + (parser.finish() if out.finished else [])
+    bodies = [
+        {"delta": {"tool_calls": [p.to_dict()]}} if isinstance(p, ToolCallDelta) else reply.shape.delta(p)
+        for p in pieces
+    ]
+    if not out.finished:
+        return [(body, None) for body in bodies]
+    bodies = bodies or [reply.shape.delta("")]
+    return [(body, None) for body in bodies[:-1]] + [(bodies[-1], tool_finish_reason(finish, parser))]
 
 
 async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> AsyncIterator[str]:
@@ -173,6 +235,7 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
         return _event(body)
 
     opened: set[int] = set()
+    parsers: dict[int, ChoiceParser | None] = {}
     usage = Usage()
     async for index, out in group.outputs():
         if shape.opening is not None and index not in opened:
@@ -184,9 +247,16 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
             yield _event({"error": {"message": error.message, "type": error.type, "code": error.status}})
             yield DONE
             return
-        if out.new_text or out.finished:
-            finish = out.finish_reason if out.finished else None
-            yield chunk([shape.choice(index, shape.delta(out.new_text), finish)])
+        logprobs = None
+        if (writer := reply.logprobs) is not None:
+            logprobs = writer.chunk(index, out)
+            out = replace(out, new_text=writer.take_echo(index) + out.new_text)
+        if out.new_text or out.finished or logprobs is not None:
+            bodies = stream_bodies(reply, parsers, index, out)
+            if not bodies and logprobs is not None:  # tokens whose text is held back keep their logprobs
+                bodies = [(shape.delta(""), None)]
+            for i, (body, finish) in enumerate(bodies):
+                yield chunk([shape.choice(index, body, finish, logprobs if i == 0 else None)])
         usage.add(out, index, group.n_per_prompt)
     if include_usage:
         yield chunk([], usage.to_dict())

@@ -17,6 +17,7 @@ from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.admission import Admission
 from llmopt.server.errors import APIError
+from llmopt.server.logprobs import LogprobsWriter, TokenTexts
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -30,6 +31,8 @@ from llmopt.server.protocol import (
 )
 from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, respond
 from llmopt.server.settings import ServerSettings
+from llmopt.server.structured_outputs import compile_output, requested_and_compiled, requested_output
+from llmopt.server.tools import ToolChoice, constrained_output, template_handles_tools, template_messages
 
 
 def build_router(
@@ -95,7 +98,7 @@ class Routes:
         if (req.prompt is None) == (req.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt")
         if req.messages is not None:
-            tokens = await self.off_loop(self.chat_prompt, chat_messages(req.messages))
+            tokens = await self.off_loop(self.chat_prompt, req.messages, ToolChoice.of(req.tools))
         else:
             tokenizer = self.engine.tokenizer
             encode = functools.partial(tokenizer.encode, add_special_tokens=req.add_special_tokens)
@@ -119,25 +122,44 @@ class Routes:
 
     async def completions(self, req: CompletionRequest, request: Request) -> Response:
         self.check_common(req)
-        if req.echo:
-            raise APIError(400, "echo is not supported by this server", param="echo")
+        if req.max_tokens == 0 and not req.echo:
+            raise APIError(400, "max_tokens must be at least 1 (0 only with echo)", param="max_tokens")
         prompts = await self.off_loop(self.prompt_token_ids, req)
-        max_tokens = req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-        group = self.admission.start(req, prompts, max_tokens)
-        return await respond(req, group, TEXT_COMPLETION, self.settings.served_model_name, request)
+        echo = await self.off_loop(self.echo_texts, req, prompts) if req.echo else None
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+        structured_output = await requested_and_compiled(self.engine, req)
+        group = self.admission.start(req, prompts, max_tokens, structured_output)
+        logprobs = self.logprobs_writer(req, echo)
+        return await respond(
+            req, group, TEXT_COMPLETION, self.settings.served_model_name, request, logprobs=logprobs
+        )
 
     async def chat_completions(self, req: ChatCompletionRequest, request: Request) -> Response:
         self.check_common(req)
-        prompt = await self.off_loop(self.chat_prompt, chat_messages(req.messages))
-        group = self.admission.start(req, [prompt], req.max_completion_tokens or req.max_tokens)
-        return await respond(req, group, CHAT_COMPLETION, self.settings.served_model_name, request)
+        tools = ToolChoice.of(req.tools, req.tool_choice, req.parallel_tool_calls)
+        requested = requested_output(req)
+        structured_output = constrained_output(requested.output if requested else None, tools)
+        if structured_output is not None:  # compiled off the event loop; errors name the field that asked
+            param = requested.param if requested and requested.output == structured_output else "tools"
+            structured_output = await compile_output(self.engine, structured_output, param)
+        prompt = await self.off_loop(self.chat_prompt, req.messages, tools)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        group = self.admission.start(req, [prompt], max_tokens, structured_output)
+        parser = tools.parser if tools is not None else None
+        logprobs = self.logprobs_writer(req)
+        return await respond(
+            req, group, CHAT_COMPLETION, self.settings.served_model_name, request, parser, logprobs
+        )
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[ChatMessage], tools: ToolChoice | None) -> list[int]:
+        native = template_handles_tools(getattr(self.engine.tokenizer, "chat_template", None))
+        conversation = chat_messages(messages, tools, native)
+        template_tools = tools.template_tools() if native and tools is not None else None
         try:
-            return self.engine.chat_token_ids(messages)
+            return self.engine.chat_token_ids(conversation, template_tools)
         except Exception as exc:  # the model's own chat template rejects the conversation
             raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages") from None
 
@@ -147,10 +169,41 @@ class Routes:
 
     def check_common(self, req: SamplingRequest) -> None:
         self.check_model(req.model)
-        if req.logprobs:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
         if (name := req.unsupported_field()) is not None:
             raise APIError(400, f"{name} is not supported by this server", param=name)
+        if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+
+    @functools.cached_property
+    def token_texts(self) -> TokenTexts:
+        return TokenTexts(self.engine.tokenizer)
+
+    def logprobs_writer(self, req: SamplingRequest, echo: list[str] | None = None) -> LogprobsWriter | None:
+        """What writes the choices' logprobs and echo's prompt text (None when neither is asked for)."""
+        wanted = req.num_logprobs() is not None
+        if not wanted and echo is None:
+            return None
+        return LogprobsWriter(self.token_texts, isinstance(req, CompletionRequest), wanted, echo)
+
+    def echo_texts(self, req: CompletionRequest, prompts: list[list[int]]) -> list[str]:
+        """Each choice's prompt as echo shows it: text as it was sent, token ids decoded (special tokens
+        kept, so that the text matches its tokens' logprobs)."""
+        prompt = req.prompt
+        if isinstance(prompt, str):
+            texts = [prompt]
+        elif all(isinstance(p, str) for p in prompt):
+            texts = list(prompt)
+        else:
+            texts = [self.decode_prompt(ids) for ids in prompts]
+        return [text for text in texts for _ in range(req.n)]
+
+    def decode_prompt(self, token_ids: list[int]) -> str:
+        try:
+            self.engine.check_token_ids(token_ids)
+        except ValueError:
+            return ""  # admission refuses the request (a 400 naming the prompt) before anything is sent
+        decode = self.engine.tokenizer.decode
+        return decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def prompt_token_ids(self, req: CompletionRequest) -> list[list[int]]:
         """One token list per prompt, whichever of OpenAI's four prompt forms the request uses."""
@@ -173,8 +226,11 @@ class Routes:
         return prompts
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """The messages as the chat template takes them; a content part that is not text is a 400."""
+def chat_messages(
+    messages: list[ChatMessage], tools: ToolChoice | None = None, native: bool = False
+) -> list[dict]:
+    """The messages as the chat template takes them, with tools and earlier tool calls and results
+    (tools.py says how); a content part that is not text is a 400."""
     for i, message in enumerate(messages):
         if (kind := message.non_text_part()) is not None:
             raise APIError(
@@ -182,4 +238,4 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
                 f"content parts of type {kind!r} are not supported: this server reads text only",
                 param=f"messages[{i}].content",
             )
-    return [{"role": m.role, "content": m.text()} for m in messages]
+    return template_messages(messages, tools, native)

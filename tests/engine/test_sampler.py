@@ -28,3 +28,21 @@ def test_top_k_and_top_p_keep_what_they_should():
 
 def test_a_vanishing_temperature_is_greedy():
     assert SamplingParams(temperature=1e-39).greedy and not SamplingParams(temperature=1e-4).greedy
+
+
+def test_min_p_drops_what_is_less_likely_than_min_p_times_the_top():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = probabilities(logits, SamplingParams(temperature=1.0, min_p=0.25, max_tokens=1))
+    torch.testing.assert_close(kept, torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95)
+    only_top = probabilities(logits, SamplingParams(temperature=1.0, min_p=1.0, max_tokens=1))
+    assert torch.equal(only_top, torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+
+
+def test_min_p_applies_after_the_temperature():
+    # At temperature 2 the distribution is flatter: 0.5 x the top keeps three tokens (before the
+    # temperature it would keep two).
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = probabilities(logits, SamplingParams(temperature=2.0, min_p=0.5, max_tokens=1))
+    flat = (logits / 2).softmax(dim=-1)
+    flat[0, 3] = 0
+    torch.testing.assert_close(kept, flat / flat.sum())

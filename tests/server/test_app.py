@@ -169,7 +169,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
     ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n"),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 6}, 400, "logprobs"),  # the legacy API allows 0-5
     ("/v1/completions", {"prompt": [[1, 2, 99999999]], "max_tokens": 2}, 400, "prompt"),
     ("/v1/completions", {"model": "gpt-99", "prompt": "hi"}, 404, "model"),
 ]

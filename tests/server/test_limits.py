@@ -54,14 +54,15 @@ BAD_FIELDS = [
     ("/v1/completions", {"prompt": "hi", "stop": "y" * 257}, "stop"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": list(range(2000))}, "stop_token_ids"),
     ("/v1/completions", {"prompt": ["hi"] * 100, "n": 3}, "prompt"),
-    ("/v1/completions", {"prompt": "hi", "frequency_penalty": 2.0}, "frequency_penalty"),
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),  # beyond [-2, 2]
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 101}}, "logit_bias"),  # beyond [-100, 100]
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
     ("/v1/completions", {"prompt": "hi", "suffix": "end"}, "suffix"),
     ("/v1/completions", {"prompt": "hi", "stream_options": {"include_usage": True}}, "stream_options"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{}]}, "tools"),
     (
         "/v1/chat/completions",
-        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "xml"}},
         "response_format",
     ),
     (

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.outputs import RequestOutput
 from llmopt.server.admission import sampling_params
 from llmopt.server.errors import APIError
+from llmopt.server.logprobs import LogprobsWriter
 from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, Reply, Usage, complete, stream
 
@@ -102,3 +104,69 @@ def test_sampling_params_offset_the_seed_per_choice_and_fill_the_context():
     assert full.value.status == 400 and full.value.param == "messages"
     with pytest.raises(APIError, match="min_tokens"):
         sampling_params(CompletionRequest(prompt="hi", min_tokens=5), 4, 2, 0, 16)
+
+
+def fake_token_texts(token_id: int) -> tuple[str, list[int]]:
+    text = {1: "a", 2: "bb", 3: "ccc", 4: "é"}[token_id]
+    return text, list(text.encode())
+
+
+def test_echo_and_legacy_logprobs_stream_and_body_agree():
+    """Echo's prompt tokens come first (the first without a logprob), offsets run on across chunks,
+    and each top dict holds the chosen token too."""
+    prompt = [TokenLogprob(1, None, None), TokenLogprob(2, -0.5, [(3, -0.1)])]
+    outputs = [
+        (
+            0,
+            RequestOutput(
+                "r", [3], "ccc", False, logprobs=[TokenLogprob(3, -0.2, [(3, -0.2)])], prompt_logprobs=prompt
+            ),
+        ),
+        (
+            0,
+            RequestOutput("r", [4], "é", True, "length", 2, 2, logprobs=[TokenLogprob(4, -1.0, [(1, -0.3)])]),
+        ),
+    ]
+
+    def writer() -> LogprobsWriter:
+        return LogprobsWriter(fake_token_texts, legacy=True, wanted=True, echo=["abb"])
+
+    reply = Reply(TEXT_COMPLETION, "m", "cmpl-x", 1, logprobs=writer())
+    body = json.loads(asyncio.run(complete(ReplayedGroup(outputs, n=1), reply)).body)
+    [choice] = body["choices"]
+    assert choice["text"] == "abbcccé"
+    assert choice["logprobs"] == {
+        "tokens": ["a", "bb", "ccc", "é"],
+        "token_logprobs": [None, -0.5, -0.2, -1.0],
+        "top_logprobs": [None, {"ccc": -0.1, "bb": -0.5}, {"ccc": -0.2}, {"a": -0.3, "é": -1.0}],
+        "text_offset": [0, 1, 3, 6],
+    }
+    reply = Reply(TEXT_COMPLETION, "m", "cmpl-x", 1, logprobs=writer())
+    chunks = [json.loads(e[len("data: ") :]) for e in events(ReplayedGroup(outputs, n=1), reply, False)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    merged = {
+        key: [x for c in chunks for x in c["choices"][0]["logprobs"][key]] for key in choice["logprobs"]
+    }
+    assert merged == choice["logprobs"]
+
+
+def test_chat_logprobs_in_openais_shape():
+    out = RequestOutput(
+        "r", [4], "é", True, "stop", 3, 1, logprobs=[TokenLogprob(4, -0.7, [(4, -0.7), (1, -2.0)])]
+    )
+    writer = LogprobsWriter(fake_token_texts, legacy=False, wanted=True)
+    reply = Reply(CHAT_COMPLETION, "m", "chatcmpl-x", 1, logprobs=writer)
+    body = json.loads(asyncio.run(complete(ReplayedGroup([(0, out)], n=1), reply)).body)
+    assert body["choices"][0]["logprobs"] == {
+        "content": [
+            {
+                "token": "é",
+                "logprob": -0.7,
+                "bytes": [195, 169],
+                "top_logprobs": [
+                    {"token": "é", "logprob": -0.7, "bytes": [195, 169]},
+                    {"token": "a", "logprob": -2.0, "bytes": [97]},
+                ],
+            }
+        ]
+    }

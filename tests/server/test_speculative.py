@@ -46,3 +46,31 @@ def test_max_completion_tokens_bounds_a_chat_answer(server):
     body = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_completion_tokens": 5}
     r = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, json={**body, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+COLOURS = "Repeat after me: red green blue yellow purple orange black white. Repeat after me: red green blue"
+
+
+def test_penalties_and_logprobs_under_speculation_match_the_plain_server(spec_server, server):
+    """Each verification row is penalized as if the proposals before it had been sampled, so the text
+    is what one token at a time gives; and each accepted token's logprobs are those of its own row.
+    The n-gram proposer proposes " purple orange black" in one verification, where only a row-by-row
+    logit_bias keeps the banned " orange" (row 1) out."""
+    [orange] = httpx.post(server.url + "/tokenize", headers=HEADERS, json={"prompt": " orange"}).json()[
+        "tokens"
+    ]
+    body = {"prompt": COLOURS, "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    biased = {**body, "logit_bias": {str(orange): -100}, "frequency_penalty": 0.5}
+
+    def complete(s: LiveServer, b: dict) -> dict:
+        r = httpx.post(s.url + "/v1/completions", headers=HEADERS, json=b, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]
+
+    assert " purple orange black" in complete(server, body)["text"]  # what is copied without the bias
+    before = spec_server.metrics().get("llmopt:spec_decode_num_accepted_tokens_total", 0)
+    plain, spec = complete(server, biased), complete(spec_server, biased)
+    assert " orange" not in spec["text"] and spec["text"] == plain["text"]
+    assert spec["logprobs"]["tokens"] == plain["logprobs"]["tokens"]
+    assert spec["logprobs"]["token_logprobs"] == pytest.approx(plain["logprobs"]["token_logprobs"], abs=1e-4)
+    assert spec_server.wait_idle()["llmopt:spec_decode_num_accepted_tokens_total"] > before
