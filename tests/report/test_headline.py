@@ -5,8 +5,6 @@ image decoded. Synthetic run folders: no model, no server."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,9 +12,8 @@ import pytest
 from llmopt.report.data import load_run
 from llmopt.report.headline import headlines
 from llmopt.report.html import POINT_HEADERS, write_report
+from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
@@ -62,35 +59,13 @@ def test_the_cost_section_prices_conversations(run_dirs, tmp_path):
 
 
 # CI sets LLMOPT_REQUIRE_BROWSER: there a missing browser fails the test instead of skipping it.
-@pytest.mark.skipif(
-    CHROMIUM is None and not os.environ.get("LLMOPT_REQUIRE_BROWSER"),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
-)
+@needs_chromium
 def test_the_report_renders_in_headless_chromium(run_dirs, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    out = write_report(run_dirs, tmp_path / "report.html")
-    requests, errors = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("request", lambda r: requests.append(r.url))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(out.as_uri(), wait_until="load")
-        images = page.evaluate(
-            "Array.from(document.images)"
-            ".map(i => [i.alt, i.complete && i.naturalWidth > 0 && i.naturalHeight > 0])"
-        )
-        first = page.evaluate("document.querySelector('h2').textContent")
-        browser.close()
-    assert errors == []
-    assert all(url.startswith(("file:", "data:")) for url in requests), requests
-    assert first == "Headline"
-    assert all(ok for _, ok in images), images
-    titles = [alt for alt, _ in images]
+    page = render(write_report(run_dirs, tmp_path / "report.html"))
+    assert page.errors == []
+    assert all(url.startswith(("file:", "data:")) for url in page.requests), page.requests
+    assert page.first_heading == "Headline"
+    assert all(ok for _, ok in page.images), page.images
+    titles = [alt for alt, _ in page.images]
     assert sum("cost per conversation against turns" in t for t in titles) == 2  # one per run
     assert any(t.startswith("Per-request timeline") for t in titles)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import API_KEY
+from tests.report.browser import needs_chromium, render
 
 RESULTS = Path(__file__).resolve().parents[2] / "results"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 @pytest.fixture(scope="module")
@@ -97,44 +95,14 @@ def test_report_of_a_folder_that_is_no_run(tmp_path):
     assert result.returncode == 1 and "not a bench run" in result.stderr and "Traceback" not in result.stderr
 
 
-# CI sets LLMOPT_REQUIRE_BROWSER: there a missing browser fails the test instead of skipping it.
-@pytest.mark.skipif(
-    CHROMIUM is None and not os.environ.get("LLMOPT_REQUIRE_BROWSER"),
-    reason="Debian's chromium is not installed (.ci/run installs it)",
-)
+@needs_chromium
 def test_report_renders_offline_in_headless_chromium(runs, tmp_path):
-    from playwright.sync_api import sync_playwright
-
     out = tmp_path / "report.html"
     subprocess.run(
         [sys.executable, "-m", "llmopt.cli", "report", *map(str, runs), "--out", str(out)], check=True
     )
-    requests, errors = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.on("request", lambda r: requests.append(r.url))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(out.as_uri(), wait_until="load")
-        images = page.evaluate(
-            "Array.from(document.images)"
-            ".map(i => [i.alt, i.complete && i.naturalWidth > 0 && i.naturalHeight > 0])"
-        )
-        RESULTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(RESULTS / "report-screenshot.png"), full_page=True)
-        browser.close()
-    assert errors == []
-    assert all(url.startswith(("file:", "data:")) for url in requests), requests
-    assert len(images) >= 5 and all(ok for _, ok in images), images
+    page = render(out, screenshot=RESULTS / "report-screenshot.png")
+    assert page.errors == []
+    assert all(url.startswith(("file:", "data:")) for url in page.requests), page.requests
+    assert len(page.images) >= 5 and all(ok for _, ok in page.images), page.images
     assert (RESULTS / "report-screenshot.png").stat().st_size > 10_000
