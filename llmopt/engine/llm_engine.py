@@ -30,10 +30,11 @@ from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.forced import propose_forced
 from llmopt.engine.spec_decode.ngram import NgramProposer
-from llmopt.engine.spec_decode.policy import proposal_room, record_acceptance
+from llmopt.engine.spec_decode.policy import ForcedAcceptance, proposal_room, record_acceptance, trim_forced
 from llmopt.engine.spec_decode.stats import SpecStats
 from llmopt.engine.spec_decode.verify import verify
 from llmopt.engine.stop import stop_reason
+from llmopt.engine.structured.bitmask import BatchMask
 from llmopt.engine.structured.compiler import GrammarCompiler
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
 
@@ -73,6 +74,7 @@ class LLMEngine:
             else None
         )
         self.spec_stats = SpecStats()
+        self.forced_acceptance = ForcedAcceptance()
         self.grammars = GrammarCompiler(self.tokenizer, vocab, sorted(self.eos_token_ids))
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
@@ -199,18 +201,25 @@ class LLMEngine:
         counts = [scored + sampled for scored, sampled in rows]
         logits = self.runner.run(batch, counts)
         starts = list(itertools.accumulate(counts, initial=0))
-        # One greedy call for every row (one per sequence: 4 % of a 16-row step); with prompt rows in the
-        # batch (hundreds of them), each sequence picks from its own rows instead.
+        samples = [
+            slice(start + scored, start + scored + sampled) for start, (scored, sampled) in zip(starts, rows)
+        ]
+        raws, errors = self._process_logits(batch.seqs, logits, samples)
+        # One greedy call for every row, after every change to them (one per sequence: 4 % of a 16-row
+        # step); with prompt rows in the batch (hundreds of them), each sequence picks from its own rows.
         greedy = greedy_tokens(logits) if not any(scored for scored, _ in rows) else None
         now = time.perf_counter()
-        for seq, n, start, (scored, sampled) in zip(batch.seqs, batch.num_new_tokens, starts, rows):
-            sample = slice(start + scored, start + scored + sampled)
+        for seq, n, start, (scored, sampled), sample in zip(
+            batch.seqs, batch.num_new_tokens, starts, rows, samples
+        ):
             picks = None if greedy is None else greedy[sample]
             try:
+                if id(seq) in errors:
+                    raise errors[id(seq)]
                 if seq.needs_prompt_logits:
                     self._score_prompt(seq, logits[start : start + scored])
                 if sampled:
-                    outputs.append(self._advance(seq, n, logits[sample], picks, now))
+                    outputs.append(self._advance(seq, n, logits[sample], picks, now, raws.get(id(seq))))
             except Exception as exc:  # this request's sampling, stop check or text failed: it alone ends
                 log.exception("request %s failed; the batch goes on", seq.request_id)
                 outputs.append(self._fail(seq, exc))
@@ -219,6 +228,35 @@ class LLMEngine:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
         return outputs
+
+    def _process_logits(
+        self, seqs: list[Sequence], logits: torch.Tensor, samples: list[slice]
+    ) -> tuple[dict[int, torch.Tensor], dict[int, Exception]]:
+        """Change every sequence's sampled rows of `logits` in place before any token is picked, so one
+        batched pick sees them final: penalties, the grammar's mask (every grammar row of the step filled
+        into one bitmask and applied in one call), the min_tokens ban. Returns, by id(seq), the untouched
+        rows of those that asked for logprobs, and the error of any whose rows could not be prepared."""
+        raws: dict[int, torch.Tensor] = {}
+        errors: dict[int, Exception] = {}
+        grammar_rows = sum(s.stop - s.start for seq, s in zip(seqs, samples) if seq.grammar is not None)
+        masks = BatchMask(grammar_rows, self.runner.model.config.vocab_size)
+        for seq, sample in zip(seqs, samples):
+            if sample.start == sample.stop or seq.params.max_tokens == 0:
+                continue
+            rows = logits[sample]
+            try:
+                # Logprobs are of the model's own distribution (vLLM's raw_logprobs): kept before
+                # anything changes the rows.
+                if seq.params.logprobs is not None:
+                    raws[id(seq)] = rows.clone()
+                apply_penalties(rows, seq)
+                if seq.grammar is not None:  # row by row through the proposals
+                    masks.fill(seq.grammar, sample, seq.spec_token_ids)
+                ban_stop_tokens(rows, self.eos_token_ids, seq.params, seq.num_output_tokens)
+            except Exception as exc:
+                errors[id(seq)] = exc
+        masks.apply(logits)
+        return raws, errors
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Record the logprobs of the prompt tokens this chunk's rows predict (row i: the token at
@@ -232,25 +270,23 @@ class LLMEngine:
         seq.prompt_logprobs += token_logprobs(logits, targets, seq.params.prompt_logprobs)
 
     def _advance(
-        self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int] | None, now: float
+        self,
+        seq: Sequence,
+        n: int,
+        logits: torch.Tensor,
+        greedy: list[int] | None,
+        now: float,
+        raw: torch.Tensor | None,
     ) -> RequestOutput:
-        """Sample (or verify) `seq`'s next tokens from its logits rows and hand them out. `greedy`: the
-        rows' argmax if the batch took it (None: take it here)."""
+        """Sample (or verify) `seq`'s next tokens from its logits rows, already processed, and hand them
+        out. `greedy`: the rows' argmax if the batch took it (None: take it here); `raw`: the rows before
+        processing, for logprobs."""
         if seq.params.max_tokens == 0:  # only the prompt was to be scored (echo with max_tokens 0)
             seq.num_computed_tokens += n
             self.scheduler.finish(seq, "length")
             return self._finish(self._requests[seq.request_id], [])
-        # Logprobs are of the model's own distribution (vLLM's raw_logprobs): kept before anything
-        # below changes the logits.
-        raw = logits.clone() if seq.params.logprobs is not None else None
-        changed = apply_penalties(logits, seq)
-        if seq.grammar is not None:  # what the grammar forbids, row by row through the proposals
-            seq.grammar.mask(logits, seq.spec_token_ids)
-        if not seq.spec_token_ids:  # a verification bans stop tokens itself, row by row
-            ban_stop_tokens(logits, self.eos_token_ids, seq.params, seq.num_output_tokens)
-        changed = changed or seq.grammar is not None or seq.params.min_tokens > seq.num_output_tokens
-        if greedy is None or changed:
-            greedy = greedy_tokens(logits)  # the batched pick saw the logits before they changed
+        if greedy is None and seq.params.greedy:
+            greedy = greedy_tokens(logits)
         new_tokens = self._next_tokens(seq, n, logits, greedy)
         if seq.grammar is not None:
             seq.grammar.accept(new_tokens)
@@ -258,19 +294,26 @@ class LLMEngine:
         self.block_manager.cache_full_blocks(seq)
         return self._emit(seq, new_tokens, now, raw)
 
-    def _next_tokens(self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int]) -> list[int]:
+    def _next_tokens(
+        self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int] | None
+    ) -> list[int]:
         """The tokens `seq` gains from this step's `n` computed tokens and their `logits` rows: one sampled
         token, or the accepted proposals and a corrected or bonus token."""
         if not seq.spec_token_ids:
             seq.num_computed_tokens += n
             seq.spec_draft_probs = None
-            return greedy if seq.params.greedy else sample_rows(logits, seq.params, seq.generator)
+            if seq.params.greedy:
+                assert greedy is not None, "a greedy sequence's picks are taken before"
+                return greedy
+            return sample_rows(logits, seq.params, seq.generator)
         new_tokens, accepted = verify(
-            logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids
+            logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids, greedy=greedy
         )
         forced = min(seq.spec_num_forced, len(seq.spec_token_ids))
         self.spec_stats.record(len(seq.spec_token_ids), accepted, forced)
-        if not forced:  # the proposal policy paces the proposer; forced tokens need no pacing
+        if forced:  # forced tokens are paced by their acceptance at each position, engine-wide
+            self.forced_acceptance.record(forced, accepted)
+        else:
             record_acceptance(seq, accepted)
         # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
         seq.num_computed_tokens += 1 + accepted
@@ -280,12 +323,14 @@ class LLMEngine:
     def _propose(self) -> None:
         """Give every decoding sequence its proposals to verify in this step: the tokens its grammar
         forces (n-gram lookups may continue past them), or else up to k from the proposer, cut where
-        the grammar refuses one."""
+        the grammar refuses one. Forced proposals are then cut to those expected to pay at this batch
+        size (policy.trim_forced)."""
         k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
         ngram = self.proposer if isinstance(self.proposer, NgramProposer) else None
-        ready, ks = [], []
+        ready, ks, forced = [], [], False
         for seq in self.scheduler.running:
             if propose_forced(seq, self.max_model_len, ngram, k):
+                forced = True
                 continue
             room = proposal_room(seq, k, self.max_model_len) if self.proposer is not None else 0
             if room > 0:
@@ -298,6 +343,9 @@ class LLMEngine:
                     tokens = tokens[: seq.grammar.valid_prefix(tokens)]
                     probs = probs[: len(tokens)] if probs is not None and tokens else None
                 seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = tokens, probs, 0
+        if forced:
+            decoding = [s for s in self.scheduler.running if s.num_computed_tokens == len(s) - 1]
+            trim_forced(decoding, self.forced_acceptance)
 
     def _emit(
         self, seq: Sequence, tokens: list[int], now: float, raw: torch.Tensor | None = None

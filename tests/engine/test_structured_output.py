@@ -9,11 +9,13 @@ import re
 import jsonschema
 import pytest
 import torch
+import xgrammar as xgr
 
 from llmopt.engine.llm import LLM
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.spec_decode.proposal import Proposal
+from llmopt.engine.structured.bitmask import BatchMask, apply_token_bitmask
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
 from llmopt.engine.structured_output import StructuredOutput
 
@@ -88,6 +90,54 @@ def test_the_mask_allows_only_what_the_grammar_allows_and_leaves_the_matcher_whe
     assert grammar.forced_tokens(4) == [] and not grammar.terminated
     grammar.accept([min(grammar.stop_token_ids)])
     assert grammar.terminated
+
+
+def test_the_bitmask_bans_exactly_what_xgrammars_own_kernel_bans():
+    vocab = 1000  # not a multiple of 32: the last word is partly padding
+    generator = torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, 32), dtype=torch.int32, generator=generator)
+    bitmask[1] = -1  # everything allowed
+    bitmask[2] = 0
+    bitmask[2, 3] = 1 << 5  # one token allowed: 3 * 32 + 5
+    logits = torch.randn(4, vocab, generator=generator)
+    expected = logits.clone()
+    xgr.apply_token_bitmask_inplace(expected, bitmask, vocab_size=vocab)
+    apply_token_bitmask(logits, bitmask)
+    assert torch.equal(logits, expected)
+    assert torch.isfinite(logits[2]).nonzero().flatten().tolist() == [3 * 32 + 5]
+
+
+def test_a_steps_mask_gives_each_grammar_row_its_own_state_and_leaves_other_rows_alone(llm):
+    """Rows 0, 2-4 follow two grammars (the second through two proposals); rows 1 and 5 are free text."""
+    tok, vocab = llm.tokenizer, llm.engine.runner.model.config.vocab_size
+    choice = grammar_of(llm, StructuredOutput.choice(["yes", "no"]))
+    person = grammar_of(llm, StructuredOutput.json_schema(PERSON))
+    proposals = tok.encode('{"name', add_special_tokens=False)[:2]
+    expected = allowed(choice, vocab, []) + allowed(person, vocab, proposals)
+    masks = BatchMask(4, vocab)
+    masks.fill(choice, slice(0, 1), [])
+    masks.fill(person, slice(2, 2 + len(proposals) + 1), proposals)
+    logits = torch.zeros(6, vocab)
+    masks.apply(logits)
+    rows = [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
+    assert [rows[0], *rows[2:5]] == expected and rows[1] == rows[5] == set(range(vocab))
+    assert allowed(person, vocab, []) == expected[1:2], "the matcher was rolled back after the proposals"
+
+
+def test_batched_greedy_outputs_equal_one_at_a_time_with_grammars_and_free_text_mixed(llm):
+    """The step masks every grammar row at once and picks every row in one call: each request of a
+    mixed batch (a schema with forced tokens off and on, a choice, free text) gets the tokens it gets
+    alone."""
+    schema = StructuredOutput.json_schema(PERSON)
+    requests = [
+        (llm.chat_prompt(ASK), params(schema, max_tokens=24, forced_tokens=False)),
+        (llm.chat_prompt(f"{ASK} Someone from Tokyo."), params(schema, max_tokens=24)),
+        (llm.chat_prompt("Is the sky blue?"), params(StructuredOutput.choice(["yes", "no"]))),
+        (llm.chat_prompt("Name a colour."), SamplingParams(max_tokens=12, temperature=0)),
+    ]
+    alone = [run(llm.engine, prompt, p)[0] for prompt, p in requests]
+    together = llm.generate([prompt for prompt, _ in requests], [p for _, p in requests])
+    assert [out.token_ids for out in together] == alone
 
 
 def test_greedy_output_follows_the_schema_and_stops(llm):

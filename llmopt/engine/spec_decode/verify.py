@@ -14,15 +14,17 @@ def verify(
     draft_probs: torch.Tensor | None,
     seq: Sequence,
     stop_ids: set[int],
+    greedy: list[int] | None = None,
 ) -> tuple[list[int], int]:
     """Check proposed tokens against the target's logits [k + 1, vocab] (row i predicts the token after
     proposal i - 1). `draft_probs` [k, vocab] are the draft's sampling distributions (None: the
-    proposals were certain, as n-gram lookups are). Return the tokens to append (accepted ones, then a
+    proposals were certain, as n-gram lookups are). `greedy`: the rows' argmax if the caller took it
+    already (after banning stop tokens as here). Return the tokens to append (accepted ones, then a
     corrected or bonus token) and how many proposals were accepted."""
     params = seq.params
     ban_stop_tokens(logits, stop_ids, params, seq.num_output_tokens)
     if params.greedy:
-        target = greedy_tokens(logits)
+        target = greedy if greedy is not None else greedy_tokens(logits)
         accepted = 0
         while accepted < len(draft) and draft[accepted] == target[accepted]:
             accepted += 1

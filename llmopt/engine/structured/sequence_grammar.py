@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 import xgrammar as xgr
 
+from llmopt.engine.structured.bitmask import apply_token_bitmask
+
 
 class SequenceGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int):
         self.matcher = xgr.GrammarMatcher(compiled)
         self.vocab_size = vocab_size
         self.stop_token_ids = set(self.matcher.stop_token_ids)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
 
     @property
     def terminated(self) -> bool:
@@ -20,16 +21,18 @@ class SequenceGrammar:
 
     def mask(self, logits: torch.Tensor, proposals: list[int]) -> None:
         """Set what the grammar forbids to -inf in `logits` [1 + len(proposals), vocab]: row i is the
-        grammar's state after the first i proposals, as a verification needs it."""
+        grammar's state after the first i proposals, as a verification needs it. (The engine masks a
+        whole step's rows at once: structured/bitmask.py.)"""
         rows = logits.shape[0]
         assert rows == len(proposals) + 1, "one logits row per proposal, and one after them"
-        if self._bitmask.shape[0] < rows:
-            self._bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
-        bitmask = self._bitmask[:rows]
-        self._fill(bitmask, proposals)
-        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=self.vocab_size)
+        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
+        self.fill(bitmask, proposals)
+        apply_token_bitmask(logits, bitmask)
 
-    def _fill(self, bitmask: torch.Tensor, proposals: list[int]) -> None:
+    def fill(self, bitmask: torch.Tensor, proposals: list[int]) -> None:
+        """Fill `bitmask` [1 + len(proposals), words]: row i allows what the grammar allows after the first
+        i proposals; the matcher is back where it was after."""
+        assert bitmask.shape[0] == len(proposals) + 1, "one bitmask row per proposal, and one after them"
         advanced = 0
         for i, token in enumerate(proposals):
             self.matcher.fill_next_token_bitmask(bitmask, i)
