@@ -22,6 +22,7 @@ class TokenLogprob:
     token_id: int
     logprob: float | None  # None only for a prompt's first token: nothing before it predicts it
     top: list[tuple[int, float]] | None  # (token id, logprob), most likely first; None with logprob None
+    rank: int | None = None  # 1 + how many tokens are likelier (vLLM's rank); None with logprob None
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> list[TokenLogprob]:
@@ -32,13 +33,15 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], num_top: int) -> 
         return []
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     rows = torch.arange(len(token_ids))
-    chosen = logprobs[rows, torch.tensor(token_ids, dtype=torch.long)].tolist()
+    chosen_values = logprobs[rows, torch.tensor(token_ids, dtype=torch.long)]
+    chosen = chosen_values.tolist()
+    ranks = ((logprobs > chosen_values[:, None]).sum(dim=-1) + 1).tolist()
     if num_top > 0:
         top = torch.topk(logprobs, num_top, dim=-1)
         tops = [list(zip(i, v)) for i, v in zip(top.indices.tolist(), top.values.tolist())]
     else:
         tops = [[] for _ in token_ids]
-    return [TokenLogprob(t, c, k) for t, c, k in zip(token_ids, chosen, tops)]
+    return [TokenLogprob(t, c, k, r) for t, c, k, r in zip(token_ids, chosen, tops, ranks)]
 
 
 def first_prompt_token(token_id: int) -> TokenLogprob:

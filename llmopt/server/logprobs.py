@@ -2,7 +2,10 @@
 the endpoint's shape, with each token's text and bytes. Chat: `{"content": [{token, logprob, bytes,
 top_logprobs: [{token, logprob, bytes}]}]}`. Completions (OpenAI's legacy shape): `{tokens,
 token_logprobs, top_logprobs: [{text: logprob}], text_offset}`, with echo's prompt tokens first (the
-first one's logprob and top_logprobs null). Also the prompt text echo starts each choice with."""
+first one's logprob and top_logprobs null). vLLM's `prompt_logprobs`: one entry per prompt token, the
+first null, each other `{token id: {logprob, rank, decoded_token}}` of the prompt's token and the k most
+likely. Also the text echo starts each choice with (completions: the prompt; chat: the assistant's
+last message)."""
 
 from __future__ import annotations
 
@@ -65,7 +68,10 @@ class LogprobsWriter:
     token_texts: TokenTexts
     legacy: bool  # completions' shape, else chat's
     wanted: bool  # logprobs were asked for (echo alone needs none)
-    echo: list[str] | None = None  # completions' echo: the prompt text of each choice
+    echo: list[str] | None = None  # echo: the text each choice starts with
+    num_top: int | None = None  # the most likely tokens each logprobs entry lists (None: as recorded)
+    prompt_top: int | None = None  # prompt_logprobs' k (None: not asked for)
+    _prompts: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     _offsets: dict[int, int] = field(default_factory=dict)
     _collected: dict[int, list[TokenLogprob]] = field(default_factory=dict)
     _echoed: set[int] = field(default_factory=set)
@@ -80,7 +86,8 @@ class LogprobsWriter:
     def records(self, out: RequestOutput) -> list[TokenLogprob]:
         """What `out` adds to its choice's logprobs: with echo, the prompt's (on the first output), then
         its new tokens'."""
-        prompt = out.prompt_logprobs if self.echo is not None and out.prompt_logprobs else []
+        echoed = self.legacy and self.echo is not None  # chat's echo is text alone, as in vLLM
+        prompt = out.prompt_logprobs if echoed and out.prompt_logprobs else []
         return [*prompt, *(out.logprobs or [])]
 
     def chunk(self, index: int, out: RequestOutput) -> dict | None:
@@ -89,12 +96,31 @@ class LogprobsWriter:
         return self.render(index, records) if records else None
 
     def collect(self, index: int, out: RequestOutput) -> None:
+        if self.prompt_top is not None and out.prompt_logprobs:
+            self._prompts[index] = out.prompt_logprobs
         if self.wanted:
             self._collected.setdefault(index, []).extend(self.records(out))
 
     def whole(self, index: int) -> dict | None:
         """The logprobs of a finished choice in a JSON body."""
         return self.render(index, self._collected.get(index, [])) if self.wanted else None
+
+    def prompt_logprobs(self, index: int) -> list[dict | None] | None:
+        """vLLM's `prompt_logprobs` of choice `index` (None: not asked for)."""
+        if self.prompt_top is None:
+            return None
+        return [self._prompt_entry(r) for r in self._prompts.get(index, [])]
+
+    def _prompt_entry(self, record: TokenLogprob) -> dict | None:
+        if record.logprob is None:  # the first prompt token: nothing before it predicts it
+            return None
+        entry = {str(record.token_id): self._ranked(record.token_id, record.logprob, record.rank)}
+        for rank, (token_id, logprob) in enumerate((record.top or [])[: self.prompt_top], 1):
+            entry.setdefault(str(token_id), self._ranked(token_id, logprob, rank))
+        return entry
+
+    def _ranked(self, token_id: int, logprob: float, rank: int | None) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": self.token_texts(token_id)[0]}
 
     def render(self, index: int, records: list[TokenLogprob]) -> dict:
         if self.legacy:
@@ -133,7 +159,7 @@ class LogprobsWriter:
         if record.top is None:
             return None
         top: dict[str, float] = {}
-        for token_id, logprob in record.top:
+        for token_id, logprob in record.top[: self.num_top]:
             top.setdefault(self.token_texts(token_id)[0], logprob)
         top.setdefault(text, record.logprob)
         return top

@@ -73,6 +73,9 @@ class SamplingRequest(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    # vLLM's extra: each prompt token's logprob and rank, with the k most likely tokens at its position
+    # (bounded as vLLM's default --max-logprobs bounds it); not available on a stream, as in vLLM.
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -94,7 +97,7 @@ class SamplingRequest(BaseModel):
 
     def num_prompt_logprobs(self) -> int | None:
         """The same for each prompt token (None: the prompt is not scored)."""
-        return None
+        return self.prompt_logprobs
 
     @field_validator("stop")
     @classmethod
@@ -133,12 +136,13 @@ class CompletionRequest(SamplingRequest):
         return self.logprobs
 
     def num_prompt_logprobs(self) -> int | None:
-        if not self.echo:
-            return None
-        if self.logprobs is not None:
-            return self.logprobs
-        # Echo with max_tokens 0 scores the prompt even without logprobs: that is the request's only work.
-        return 0 if self.max_tokens == 0 else None
+        """The most that echo's logprobs and `prompt_logprobs` ask for (each view keeps its own)."""
+        echoed = None
+        if self.echo:
+            # Echo with max_tokens 0 scores the prompt even without logprobs: that is its only work.
+            echoed = self.logprobs if self.logprobs is not None else 0 if self.max_tokens == 0 else None
+        wanted = [k for k in (echoed, self.prompt_logprobs) if k is not None]
+        return max(wanted) if wanted else None
 
 
 class ContentPart(BaseModel):
@@ -235,6 +239,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: Tools | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto
     parallel_tool_calls: bool = True
+    # vLLM's extra: the answer starts with the last message's content when that message is the
+    # assistant's (the turn being continued).
+    echo: bool = False
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

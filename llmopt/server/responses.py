@@ -163,7 +163,8 @@ def ended_early(out: RequestOutput, group: RequestGroup) -> APIError | None:
 async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
     """The whole response at once, after every choice has finished."""
     writer = reply.logprobs
-    texts = [writer.take_echo(i) if writer is not None else "" for i in range(len(group.request_ids))]
+    echoes = [writer.take_echo(i) if writer is not None else "" for i in range(len(group.request_ids))]
+    texts = [""] * len(group.request_ids)
     finish: list[str | None] = [None] * len(group.request_ids)
     usage = Usage()
     async for index, out in group.outputs():
@@ -176,21 +177,27 @@ async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
             finish[index] = out.finish_reason
         usage.add(out, index, group.n_per_prompt)
     shape = reply.shape
-    choices = [whole_choice(reply, i, t, f) for i, (t, f) in enumerate(zip(texts, finish))]
+    choices = [whole_choice(reply, i, t, f, e) for i, (t, f, e) in enumerate(zip(texts, finish, echoes))]
+    body = reply.body(shape.object, choices)
     if writer is not None:
         for i, choice in enumerate(choices):
             choice["logprobs"] = writer.whole(i)
-    return JSONResponse({**reply.body(shape.object, choices), "usage": usage.to_dict()})
+            if writer.prompt_top is not None and writer.legacy:  # vLLM: per choice on completions
+                choice["prompt_logprobs"] = writer.prompt_logprobs(i)
+        if writer.prompt_top is not None and not writer.legacy:  # and once per response on chat
+            body["prompt_logprobs"] = writer.prompt_logprobs(0)
+    return JSONResponse({**body, "usage": usage.to_dict()})
 
 
-def whole_choice(reply: Reply, index: int, text: str, finish: str | None) -> dict:
+def whole_choice(reply: Reply, index: int, text: str, finish: str | None, echo: str = "") -> dict:
     """A finished choice of the JSON body: its text, or its tool calls and what text is left. The text
-    goes through the same parser as a stream's, so the two agree."""
+    goes through the same parser as a stream's, so the two agree; echo's text is content as it is."""
     shape = reply.shape
     parser = reply.new_parser()
     if parser is None:
-        return shape.choice(index, shape.content(text), finish)
+        return shape.choice(index, shape.content(echo + text), finish)
     content, calls = assemble(parser.feed(text) + parser.finish())
+    content = echo + content
     if not calls:
         return shape.choice(index, shape.content(content), finish)
     message = {"role": "assistant", "content": content or None, "tool_calls": calls}
@@ -250,7 +257,11 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
         logprobs = None
         if (writer := reply.logprobs) is not None:
             logprobs = writer.chunk(index, out)
-            out = replace(out, new_text=writer.take_echo(index) + out.new_text)
+            echoed = writer.take_echo(index)
+            if writer.legacy:  # the prompt's text goes with its logprobs
+                out = replace(out, new_text=echoed + out.new_text)
+            elif echoed:  # chat: a content chunk of its own after the role, as vLLM sends it
+                yield chunk([shape.choice(index, shape.delta(echoed), None)])
         if out.new_text or out.finished or logprobs is not None:
             bodies = stream_bodies(reply, parsers, index, out)
             if not bodies and logprobs is not None:  # tokens whose text is held back keep their logprobs

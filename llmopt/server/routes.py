@@ -146,7 +146,7 @@ class Routes:
         max_tokens = req.max_completion_tokens or req.max_tokens
         group = self.admission.start(req, [prompt], max_tokens, structured_output)
         parser = tools.parser if tools is not None else None
-        logprobs = self.logprobs_writer(req)
+        logprobs = self.logprobs_writer(req, chat_echo(req))
         return await respond(
             req, group, CHAT_COMPLETION, self.settings.served_model_name, request, parser, logprobs
         )
@@ -173,17 +173,25 @@ class Routes:
             raise APIError(400, f"{name} is not supported by this server", param=name)
         if isinstance(req, ChatCompletionRequest) and req.top_logprobs and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+        if req.prompt_logprobs is not None and req.stream:  # as vLLM: a stream has nowhere to put them
+            raise APIError(
+                400, "prompt_logprobs are not available when stream is true", param="prompt_logprobs"
+            )
 
     @functools.cached_property
     def token_texts(self) -> TokenTexts:
         return TokenTexts(self.engine.tokenizer)
 
     def logprobs_writer(self, req: SamplingRequest, echo: list[str] | None = None) -> LogprobsWriter | None:
-        """What writes the choices' logprobs and echo's prompt text (None when neither is asked for)."""
+        """What writes the choices' logprobs, prompt_logprobs and echo's text (None when none is asked
+        for)."""
         wanted = req.num_logprobs() is not None
-        if not wanted and echo is None:
+        if not wanted and echo is None and req.prompt_logprobs is None:
             return None
-        return LogprobsWriter(self.token_texts, isinstance(req, CompletionRequest), wanted, echo)
+        legacy = isinstance(req, CompletionRequest)
+        return LogprobsWriter(
+            self.token_texts, legacy, wanted, echo, req.num_logprobs(), prompt_top=req.prompt_logprobs
+        )
 
     def echo_texts(self, req: CompletionRequest, prompts: list[list[int]]) -> list[str]:
         """Each choice's prompt as echo shows it: text as it was sent, token ids decoded (special tokens
@@ -224,6 +232,16 @@ class Routes:
         if not prompts or any(not p for p in prompts):
             raise APIError(400, "prompt must not be empty", param="prompt")
         return prompts
+
+
+def chat_echo(req: ChatCompletionRequest) -> list[str] | None:
+    """vLLM's chat echo: each choice starts with the last message's content when that message is the
+    assistant's, the role of the answer (this server always opens a new assistant turn); else with
+    nothing. None without echo."""
+    if not req.echo:
+        return None
+    last = req.messages[-1]
+    return [last.text() if last.role == "assistant" else ""] * req.n
 
 
 def chat_messages(

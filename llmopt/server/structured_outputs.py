@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from llmopt.engine.llm_engine import LLMEngine
+from llmopt.engine.structured.compiler import COMPILE_TIMEOUT_S
 from llmopt.engine.structured_output import StructuredOutput
 from llmopt.server.errors import APIError
 from llmopt.server.protocol import SamplingRequest
@@ -17,7 +18,6 @@ from llmopt.server.protocol import SamplingRequest
 MAX_SPEC_CHARS = 100_000  # a schema, regex or grammar; its compile time grows with it
 MAX_CHOICES = 1024
 MAX_SCHEMA_DEPTH = 64  # xgrammar converts a schema recursively, in native code
-COMPILE_TIMEOUT_S = 10.0
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 GUIDED_FIELDS = {
     "guided_json": "json_schema",
@@ -157,7 +157,7 @@ def forced_tokens(req: SamplingRequest) -> bool:
 async def compile_output(engine: LLMEngine, output: StructuredOutput, param: str) -> StructuredOutput:
     """Compile `output` (or find it in the engine's cache) on a grammar thread, off the event loop and
     the engine thread, so that the engine finds it compiled; a grammar xgrammar refuses, or one that
-    takes over COMPILE_TIMEOUT_S, is a 400 naming `param`."""
+    takes over COMPILE_TIMEOUT_S (waiting for a grammar thread included), is a 400 naming `param`."""
     try:
         await asyncio.wait_for(asyncio.wrap_future(engine.grammars.submit(output)), COMPILE_TIMEOUT_S)
     except asyncio.TimeoutError:

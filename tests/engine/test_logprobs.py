@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmopt.engine.logprobs import TokenLogprob
+from llmopt.engine.logprobs import TokenLogprob, token_logprobs
 from llmopt.engine.sampling_params import SamplingParams
 from tests.conftest import PROMPTS
 
@@ -72,3 +72,10 @@ def test_prompt_logprobs_cover_every_prompt_token_across_chunks_and_skip_the_cac
             assert_matches(record, reference[i - 1], k)
     assert len(generated.logprobs) == len(generated.token_ids) == 4
     assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+def test_a_token_s_rank_counts_the_tokens_likelier_than_it():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0], [5.0, 1.0, 1.0, 0.0]])
+    first, second = token_logprobs(logits, [2, 0], num_top=1)
+    assert (first.rank, second.rank) == (3, 1)  # 3.0 and 2.0 beat 1.0; 5.0 is the likeliest
+    assert first.top[0][0] == 1 and second.top[0][0] == 0

@@ -1,6 +1,7 @@
 """logprobs over HTTP with the `openai` client: chat's `logprobs` / `top_logprobs`, completions'
 `logprobs` and `echo` (prompt logprobs, the first null; max_tokens 0 scores the prompt alone, as
-lm-evaluation-harness asks), streamed and not, and each bad value a 400 naming the parameter."""
+lm-evaluation-harness asks), vLLM's `prompt_logprobs` and chat `echo`, streamed and not, and each bad
+value a 400 naming the parameter."""
 
 from __future__ import annotations
 
@@ -99,7 +100,71 @@ def test_echo_of_token_ids_decodes_them(server, client):
     assert out.choices[0].text == PROMPT and len(out.choices[0].logprobs.tokens) == len(ids)
 
 
+def check_prompt_logprobs(entries: list, prompt_ids: list[int], k: int) -> None:
+    """vLLM's shape: one entry per prompt token, the first null, each other {token id: {logprob, rank,
+    decoded_token}} holding the prompt's token and the k likeliest (ranks 1..k)."""
+    assert len(entries) == len(prompt_ids) and entries[0] is None
+    for token_id, entry in zip(prompt_ids[1:], entries[1:]):
+        own = entry[str(token_id)]
+        assert own["logprob"] <= 0 and own["rank"] >= 1 and isinstance(own["decoded_token"], str)
+        # The top k have ranks 1..k; the prompt's token is one of them or comes extra, with its own rank.
+        extra = [own["rank"]] if own["rank"] > k else []
+        by_rank = sorted(entry.values(), key=lambda v: v["rank"])
+        assert [v["rank"] for v in by_rank] == [*range(1, k + 1), *extra]
+        logprobs = [v["logprob"] for v in by_rank]
+        assert logprobs == sorted(logprobs, reverse=True)
+
+
+def test_prompt_logprobs_on_completions_and_chat(server, client):
+    ids = httpx.post(server.url + "/tokenize", headers=HEADERS, json={"prompt": PROMPT}).json()["tokens"]
+    out = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0, extra_body={"prompt_logprobs": 3}
+    )
+    [choice] = out.choices
+    check_prompt_logprobs(choice.model_extra["prompt_logprobs"], ids, 3)
+    assert choice.logprobs is None and not choice.text.startswith(PROMPT)  # no echo asked for
+    # The same numbers as echo's legacy logprobs of the prompt (which list 1 likeliest, not 3).
+    echoed = client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, extra_body={"prompt_logprobs": 3}
+    ).choices[0]
+    check_prompt_logprobs(echoed.model_extra["prompt_logprobs"], ids, 3)
+    own = [e[str(t)]["logprob"] for t, e in zip(ids[1:], choice.model_extra["prompt_logprobs"][1:])]
+    assert echoed.logprobs.token_logprobs[1:] == pytest.approx(own, abs=1e-4)
+    assert all(1 <= len(top) <= 2 for top in echoed.logprobs.top_logprobs[1:])
+
+    chat = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"prompt_logprobs": 0}
+    )
+    tokens = httpx.post(server.url + "/tokenize", headers=HEADERS, json={"messages": MESSAGES}).json()
+    check_prompt_logprobs(chat.model_extra["prompt_logprobs"], tokens["tokens"], 0)
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens
+    plain = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2)
+    assert "prompt_logprobs" not in (plain.model_extra or {})
+
+
+def test_chat_echo_starts_the_answer_with_the_assistant_s_last_message(client):
+    started = "Once upon a time, the dragon"
+    messages = [*MESSAGES, {"role": "assistant", "content": started}]
+    kwargs = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0}
+    plain = client.chat.completions.create(**kwargs).choices[0].message.content
+    echoed = client.chat.completions.create(**kwargs, extra_body={"echo": True}).choices[0].message.content
+    assert echoed == started + plain
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, extra_body={"echo": True}))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert deltas[0] == started and "".join(deltas) == echoed  # its own chunk, right after the role
+    # The last message is the user's: nothing to echo (as vLLM).
+    user_last = {**kwargs, "messages": MESSAGES}
+    answer = client.chat.completions.create(**user_last).choices[0].message.content
+    echo_of_user = client.chat.completions.create(**user_last, extra_body={"echo": True})
+    assert echo_of_user.choices[0].message.content == answer
+
+
 BAD = [
+    ("/v1/chat/completions", {"prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt_logprobs": -1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"prompt_logprobs": 0, "stream": True}, "prompt_logprobs"),
+    ("/v1/chat/completions", {"echo": "maybe"}, "echo"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
     ("/v1/chat/completions", {"logprobs": "lots"}, "logprobs"),

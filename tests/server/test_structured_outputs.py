@@ -254,6 +254,53 @@ def test_each_bad_structured_output_is_a_400_naming_its_field(server, extra, par
     assert r.json()["error"]["param"] == param, r.json()
 
 
+TAGS = {"type": "array", "items": {"type": "string", "maxLength": 8}, "uniqueItems": True}
+UNENFORCED = {"type": "object", "properties": {"tags": TAGS}, "required": ["tags"]}
+NOT_FIVE = {"type": "object", "properties": {"n": {"type": "integer", "not": {"const": 5}}}}
+
+
+@pytest.mark.parametrize(
+    "extra, param, keyword, where",
+    [
+        (
+            {"response_format": schema_format(UNENFORCED)},
+            "response_format",
+            "uniqueItems",
+            "#/properties/tags",
+        ),
+        (  # strict false asks for no less
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"schema": UNENFORCED, "strict": False},
+                }
+            },
+            "response_format",
+            "uniqueItems",
+            "#/properties/tags",
+        ),
+        ({"guided_json": NOT_FIVE}, "guided_json", "not", "#/properties/n"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": NOT_FIVE}}],
+                "tool_choice": "required",
+            },
+            "tools",
+            "not",
+            "/properties/n",
+        ),
+    ],
+)
+def test_a_keyword_xgrammar_would_ignore_is_a_400_naming_it_and_its_path(
+    server, extra, param, keyword, where
+):
+    r = httpx.post(server.url + "/v1/chat/completions", headers=HEADERS, json={**CHAT, **extra}, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and f"'{keyword}'" in error["message"], error
+    assert f"{where}/{keyword}" in error["message"], error
+
+
 def test_a_bad_guided_field_on_completions_is_a_400_too(server):
     body = {"prompt": "hi", "max_tokens": 4, "guided_regex": "[z-a]"}
     r = httpx.post(server.url + "/v1/completions", headers=HEADERS, json=body, timeout=60)

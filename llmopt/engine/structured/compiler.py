@@ -1,17 +1,20 @@
 """Compiling structured outputs into xgrammar grammars: one TokenizerInfo per engine (the model's
 vocabulary size, the engine's stop tokens), compiled grammars kept in an LRU keyed by the request's
-StructuredOutput (kind and spec text)."""
+StructuredOutput (kind and spec text). A JSON schema with a keyword xgrammar would not enforce is
+refused (schema_support.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
 import xgrammar as xgr
 
+from llmopt.engine.structured.schema_support import unenforced_keyword
 from llmopt.engine.structured_output import StructuredOutput
 
 CACHE_SIZE = 128  # compiled grammars kept, least recently used dropped first
@@ -20,6 +23,11 @@ CACHE_SIZE = 128  # compiled grammars kept, least recently used dropped first
 # request. At most this many compile at once; the threads are daemons, so a grammar that never finishes
 # compiling cannot hold up the process's exit.
 COMPILE_THREADS = 2
+# A compile still running after this long fails its askers and gives its place back: a native compile
+# cannot be stopped, but one that never ends must not keep later grammars waiting. Such a grammar is
+# remembered and refused at once from then on, so that asking again starts no second endless compile.
+COMPILE_TIMEOUT_S = 10.0
+TIMED_OUT_KEPT = 1024
 MAX_ERROR_CHARS = 400
 # xgrammar prefixes its messages with a time and its C++ source line: "[12:38:52] /project/cpp/x.cc:94: ".
 NATIVE_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
@@ -28,8 +36,11 @@ JSON_OBJECT_SCHEMA = '{"type": "object"}'
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+    def __init__(
+        self, tokenizer, vocab_size: int, stop_token_ids: list[int], timeout_s: float = COMPILE_TIMEOUT_S
+    ):
         self.tokenizer = tokenizer
+        self.timeout_s = timeout_s
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self._compiler: xgr.GrammarCompiler | None = None
@@ -37,7 +48,9 @@ class GrammarCompiler:
         self._cache_lock = threading.Lock()
         self._cache: OrderedDict[StructuredOutput, xgr.CompiledGrammar] = OrderedDict()
         self._pending: dict[StructuredOutput, Future] = {}  # compiling now: a second asker shares it
-        self._slots = threading.BoundedSemaphore(COMPILE_THREADS)
+        self._timed_out: OrderedDict[StructuredOutput, None] = OrderedDict()
+        self._places = threading.Condition()  # guards _compiling
+        self._compiling = 0  # compiles holding a place: started, neither done nor timed out
 
     def submit(self, output: StructuredOutput) -> Future:
         """Compile on a grammar thread; the future holds the compiled grammar, or the ValueError."""
@@ -49,6 +62,10 @@ class GrammarCompiler:
                 return done
             if output in self._pending:
                 return self._pending[output]
+            if output in self._timed_out:
+                refused: Future = Future()
+                refused.set_exception(self._timeout_error(output))
+                return refused
             future = self._pending[output] = Future()
             future.set_running_or_notify_cancel()  # not cancellable: another asker may share it
         threading.Thread(
@@ -57,15 +74,44 @@ class GrammarCompiler:
         return future
 
     def _compile_into(self, output: StructuredOutput, future: Future) -> None:
+        with self._places:
+            while self._compiling >= COMPILE_THREADS:
+                self._places.wait()
+            self._compiling += 1
+        place = [True]  # held until the compile ends or times out, whichever comes first
+        timer = threading.Timer(self.timeout_s, self._time_out, args=(output, future, place))
+        timer.daemon = True
+        timer.start()
         try:
-            with self._slots:
-                try:
-                    future.set_result(self.compile(output))
-                except Exception as exc:  # the asker's to report (a ValueError: the client's grammar)
-                    future.set_exception(exc)
+            settle(future, self.compile, output)
         finally:
+            timer.cancel()
+            self._give_back(place)
             with self._cache_lock:
-                self._pending.pop(output, None)
+                if self._pending.get(output) is future:
+                    del self._pending[output]
+
+    def _time_out(self, output: StructuredOutput, future: Future, place: list[bool]) -> None:
+        """The compile goes on (nothing stops native code), but its place and its askers are freed."""
+        self._give_back(place)
+        with self._cache_lock:
+            self._timed_out[output] = None
+            while len(self._timed_out) > TIMED_OUT_KEPT:
+                self._timed_out.popitem(last=False)
+            if self._pending.get(output) is future:
+                del self._pending[output]
+        with contextlib.suppress(InvalidStateError):  # it finished just now after all
+            future.set_exception(self._timeout_error(output))
+
+    def _give_back(self, place: list[bool]) -> None:
+        with self._places:
+            if place[0]:
+                place[0] = False
+                self._compiling -= 1
+                self._places.notify()
+
+    def _timeout_error(self, output: StructuredOutput) -> ValueError:
+        return ValueError(f"compiling the {output.kind} took over {self.timeout_s:g} s")
 
     def cached(self, output: StructuredOutput) -> xgr.CompiledGrammar | None:
         with self._cache_lock:
@@ -83,6 +129,15 @@ class GrammarCompiler:
         # xgrammar's native parsers are not meant to see a NUL (vLLM refuses it too).
         if "\x00" in output.spec:
             raise ValueError(f"the {output.kind} must not contain a NUL character")
+        with self._cache_lock:
+            if output in self._timed_out:
+                raise self._timeout_error(output)
+        if output.kind == "json_schema" and (found := unenforced_keyword(json.loads(output.spec))):
+            keyword, where = found
+            raise ValueError(
+                f"the schema uses {keyword!r} (at {where}), which xgrammar does not enforce: the output "
+                "could break the schema, so it is refused"
+            )
         try:
             compiled = compile_with(self._xgrammar(), output)
         except Exception as exc:  # xgrammar raises RuntimeError (and subclasses) for what it cannot read
@@ -104,6 +159,18 @@ class GrammarCompiler:
                 # Our LRU is the cache: xgrammar's own would grow without bound.
                 self._compiler = xgr.GrammarCompiler(info, max_threads=COMPILE_THREADS, cache_enabled=False)
             return self._compiler
+
+
+def settle(future: Future, fn, *args) -> None:
+    """Set `future` to fn(*args) or its exception, unless it was settled already (a time-out)."""
+    try:
+        result = fn(*args)
+    except Exception as exc:  # the asker's to report (a ValueError: the client's grammar)
+        with contextlib.suppress(InvalidStateError):
+            future.set_exception(exc)
+        return
+    with contextlib.suppress(InvalidStateError):
+        future.set_result(result)
 
 
 def compile_with(compiler: xgr.GrammarCompiler, output: StructuredOutput) -> xgr.CompiledGrammar:
