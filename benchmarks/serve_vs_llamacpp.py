@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 from pathlib import Path
 
 from gguf_f32 import write_f32_copy
@@ -31,10 +32,11 @@ from llmopt.bench.launcher import LocalServer, llmopt_serve_command
 from llmopt.bench.metrics import summarize
 from llmopt.bench.runner import LoadPoint, run_point
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
+from llmopt.engines.llama_cpp import llama_cpp_command
+from llmopt.engines.options import ServeOptions
 from results import RESULTS, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_SCRIPT = Path(__file__).with_name("llama_server.py")
 PEER_PYTHON = ROOT / ".peer-venv" / "bin" / "python"
 WARMUP_REQUESTS = 2
 
@@ -114,13 +116,12 @@ def servers(args: argparse.Namespace, slots: int, console: Console) -> dict[str,
     f32 = write_f32_copy(q4, RESULTS / "peer-models" / "SmolLM2-135M-Instruct.F32.gguf")
 
     def peer(gguf: Path):
-        ctx = slots * (args.prompt_len + args.output_len + 256)
-        return lambda port: [
-            str(args.peer_python),
-            str(PEER_SCRIPT),
-            *("--model", str(gguf), "--port", str(port), "--np", str(slots)),
-            *("--ctx", str(ctx), "--threads", "2", "--alias", "peer"),
-        ]
+        # `llmopt serve --engine llama.cpp`'s translation: slots x context per slot, served as "peer".
+        slot_len = args.prompt_len + args.output_len + 256
+        options = ServeOptions(str(gguf), max_num_seqs=slots, max_model_len=slot_len)
+        options.served_model_name = "peer"
+        python = str(args.peer_python)
+        return lambda port: llama_cpp_command(dataclasses.replace(options, port=port), python).argv
 
     return {
         "llmopt fp32": (

@@ -10,16 +10,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 
 # What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
 # evaluate -> engine -> checkpoints; pricing, cost, corpus and files are leaves anyone may read. The bench
-# speaks HTTP and never imports the engine; the report reads run folders through the bench.
+# speaks HTTP and never imports the engine; the report reads run folders through the bench. engines builds
+# and runs other engines' servers (vLLM, llama.cpp): the CLI and the bench start them through it.
 LEAVES = {"pricing", "cost", "corpus", "files"}
 ALLOWED: dict[str, set[str]] = {
-    "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "checkpoints"} | LEAVES,
+    "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "engines", "checkpoints"} | LEAVES,
     "server": {"engine", "checkpoints"},
-    "bench": {"checkpoints"} | LEAVES,
+    "bench": {"engines", "checkpoints"} | LEAVES,
     "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
     "engine": {"checkpoints"},
+    "engines": {"checkpoints"},  # never llmopt's engine or server: a peer is another process
     "checkpoints": set(),
     "pricing": {"files"},
     "cost": {"pricing"},  # prices workloads: never a run folder, a server or the engine

@@ -1,6 +1,6 @@
 """`pip install .` as a user gets it: a wheel of this checkout, installed into a fresh virtualenv outside
 it, runs `llmopt --help` and `llmopt cost` from another directory (the bundled pricing.toml must travel
-in the wheel as package data)."""
+in the wheel as package data, and so must llama.cpp's launcher script)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ NOT_SOURCE = {
     ".git",
     ".venv",
     ".peer-venv",
+    ".vllm-venv",
+    ".guidellm-venv",
     "results",
     "build",
     "dist",
@@ -98,3 +100,10 @@ def test_the_installed_wheel_runs_from_another_folder(installed: Path, tmp_path:
     )
     out = run(installed / "llmopt", *args, "--pricing", "mine.toml", cwd=elsewhere).stdout
     assert "my-flat-deal" in out and "$500.0000" in out and "gpt-4o-mini" not in out
+
+    # llama.cpp's launcher script travels in the wheel: `--engine llama.cpp` runs the installed copy.
+    (elsewhere / "m.gguf").write_bytes(b"GGUF")
+    serve = ("serve", "m.gguf", "--engine", "llama.cpp", "--engine-python", "python3", "--dry-run")
+    launcher = Path(run(installed / "llmopt", *serve, cwd=elsewhere).stdout.split()[1])
+    assert launcher.name == "llama_cpp_server.py" and launcher.is_file()
+    assert installed.parent.resolve() in launcher.resolve().parents, launcher

@@ -38,30 +38,75 @@ def serve(
     ] = 1024,
     timeout_keep_alive: Annotated[float, typer.Option(help="close idle keep-alive connections (s)")] = 5.0,
     speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
+    tensor_parallel_size: Annotated[int, typer.Option(help="--engine vllm only, passed through")] = 1,
+    pipeline_parallel_size: Annotated[int, typer.Option(help="--engine vllm only, passed through")] = 1,
+    data_parallel_size: Annotated[int, typer.Option(help="--engine vllm only, passed through")] = 1,
+    engine: Annotated[
+        str,
+        typer.Option(help="llmopt, vllm or llama.cpp: the same flags, translated (README: Other engines)"),
+    ] = "llmopt",
+    engine_python: Annotated[
+        str | None, typer.Option(help="the Python that has vllm / xllamacpp (else $LLMOPT_VLLM_PYTHON, ...)")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option(help="print the command (or engine config) and exit")] = False,
 ) -> None:
-    """Serve a model behind an OpenAI-compatible API (flags follow vLLM's)."""
+    """Serve a model behind an OpenAI-compatible API (flags follow vLLM's), on llmopt's engine or a peer's."""
+    from llmopt.engines.options import ServeOptions
+
+    options = ServeOptions(
+        model, host, port, served_model_name, api_key, max_num_seqs, max_num_batched_tokens, block_size,
+        num_kv_blocks, kv_cache_memory_gb, enable_prefix_caching, max_model_len, dtype, max_queue_len,
+        max_request_bytes, limit_concurrency, timeout_keep_alive, speculative_config,
+        tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
+    )  # fmt: skip
+    serve_on(engine, options, engine_python, dry_run)
+
+
+def serve_on(engine: str, options, engine_python: str | None, dry_run: bool) -> None:
+    """Run `options` on `engine`: a peer through llmopt.engines, llmopt's own engine here."""
+    from llmopt.engines.errors import EngineError
+    from llmopt.engines.serve import serve_engine
+
+    if engine != "llmopt":
+        try:
+            code = serve_engine(engine, options, engine_python, dry_run)
+        except EngineError as exc:
+            raise fail(str(exc)) from None
+        raise typer.Exit(code)
+    parallel = [n for n in ("tensor", "pipeline", "data") if getattr(options, f"{n}_parallel_size") != 1]
+    if parallel or engine_python:
+        given = [f"--{n}-parallel-size" for n in parallel] + ["--engine-python"] * bool(engine_python)
+        raise fail(f"{', '.join(given)}: llmopt's engine runs on one machine; use --engine vllm", code=2)
+    serve_llmopt(options, dry_run)
+
+
+def serve_llmopt(options, dry_run: bool) -> None:
     from llmopt.checkpoints import DEFAULT_MODEL, ModelError
     from llmopt.engine.config import EngineConfig
     from llmopt.server.serve import Listener
     from llmopt.server.serve import serve as run_server
     from llmopt.server.settings import ServerSettings
 
+    o = options
     try:
         config = EngineConfig(
-            model=model,
-            dtype=dtype,
-            block_size=block_size,
-            num_kv_blocks=num_kv_blocks,
-            kv_cache_memory_gb=kv_cache_memory_gb,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=max_model_len,
-            enable_prefix_caching=enable_prefix_caching,
-            speculative_config=speculative_config,
+            model=o.model,
+            dtype=o.dtype,
+            block_size=o.block_size,
+            num_kv_blocks=o.num_kv_blocks,
+            kv_cache_memory_gb=o.kv_cache_memory_gb,
+            max_num_seqs=o.max_num_seqs,
+            max_num_batched_tokens=o.max_num_batched_tokens,
+            max_model_len=o.max_model_len,
+            enable_prefix_caching=o.enable_prefix_caching,
+            speculative_config=o.speculative_config,
         )
+        if dry_run:
+            print(config)
+            return
         settings = ServerSettings(
-            served_model_name or model or DEFAULT_MODEL, api_key, max_queue_len, max_request_bytes
+            o.served_model_name or o.model or DEFAULT_MODEL, o.api_key, o.max_queue_len, o.max_request_bytes
         )
-        run_server(config, settings, Listener(host, port, limit_concurrency, timeout_keep_alive))
+        run_server(config, settings, Listener(o.host, o.port, o.limit_concurrency, o.timeout_keep_alive))
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
