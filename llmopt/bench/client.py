@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from llmopt.bench.redact import redact_text
+from llmopt.bench.token_count import TokenCounter, output_body, prompt_body
 
 # A stream line longer than this fails its request: a server that never ends a line must not fill the
 # client's memory. aiohttp's own readline stops at 128 KiB, which a long chunk of text can pass.
@@ -45,7 +46,9 @@ class RequestRecord:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int | None = None
-    tokens_from: str = "usage"  # "usage": the server's counts; "local": counted here
+    # Where the token counts are from (token_count.py): "usage" (the server's answer), "tokenize" (the
+    # server's /tokenize, for counts the answer left out) or "local" (the local tokenizer, for any other)
+    tokens_from: str = "usage"
     status: int | None = None
     error: str | None = None
     success: bool = False
@@ -116,11 +119,14 @@ class LineReader:
         self._pending: list[bytes] = []  # the start of a line not yet ended, in pieces (no re-copying)
         self._pending_bytes = 0
         self.max_bytes = max_bytes or MAX_LINE_BYTES
+        self.arrived = 0.0  # perf_counter() when the read that completed the last lines returned
 
     async def next_lines(self) -> list[bytes] | None:
         """The lines that the next read completes (without their b"\\n"); None at the end of the body."""
         while True:
             data = await self._stream.readany()
+            # The lines' time is their bytes' arrival, read before any splitting or parsing.
+            self.arrived = time.perf_counter()
             if not data:
                 tail = b"".join(self._pending)
                 self._pending, self._pending_bytes = [], 0
@@ -244,9 +250,12 @@ async def _exchange(
     count_tokens: Callable[[str], int] | None,
 ) -> None:
     """One request, its answer read into `record`; a failure raises (see `send`)."""
+    payload = target.payload(req)
+    # Serialized before the clock starts: building the body is the client's work, not the server's time.
+    body, headers = json.dumps(payload).encode(), target.headers()
     sent = time.perf_counter()
     record.start = sent - t0
-    async with session.post(target.url, json=target.payload(req), headers=target.headers()) as resp:
+    async with session.post(target.url, data=body, headers=headers) as resp:
         record.status = resp.status
         if resp.status != 200:
             body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
@@ -259,13 +268,43 @@ async def _exchange(
     record.text = "".join(text_parts)
     if usage:
         apply_usage(record, usage)
-    else:
-        record.tokens_from = "local"
-    if record.tokens_from == "local":
-        record.output_tokens = count_tokens(record.text) if count_tokens else len(text_parts)
     if record.ttft is None:
         raise ResponseError("no content received")
+    await fill_counts(session, payload, usage, record, count_tokens, len(text_parts))
     record.success = True
+
+
+async def fill_counts(
+    session: aiohttp.ClientSession,
+    payload: dict,
+    usage: dict | None,
+    record: RequestRecord,
+    count_tokens: Callable[[str], int] | None,
+    chunks: int,
+) -> None:
+    """The counts `usage` left out, from the server's /tokenize when `count_tokens` is a TokenCounter
+    with one, else from the local tokenizer (the workload's prompt count; the output's, or its number of
+    chunks without a tokenizer). `record.tokens_from` names the least exact source used."""
+    need_prompt = not usage or usage.get("prompt_tokens") is None
+    need_output = not usage or usage.get("completion_tokens") is None
+    if not (need_prompt or need_output):
+        record.tokens_from = "usage"
+        return
+    server = count_tokens if isinstance(count_tokens, TokenCounter) else None
+    local = count_tokens if server is None or server.local is not None else None
+    sources = set()
+    if need_prompt:
+        counted = await server.server_count(session, prompt_body(payload)) if server else None
+        if counted is not None:
+            record.prompt_tokens = counted
+        sources.add("local" if counted is None else "tokenize")
+    if need_output:
+        counted = await server.server_count(session, output_body(record.text or "")) if server else None
+        sources.add("local" if counted is None else "tokenize")
+        if counted is None:
+            counted = local(record.text or "") if local else chunks
+        record.output_tokens = counted
+    record.tokens_from = "local" if "local" in sources else "tokenize"
 
 
 async def _read_whole(
@@ -313,7 +352,7 @@ async def _read_stream(
                 usage = chunk_usage
             if not text:
                 continue
-            now = time.perf_counter()
+            now = lines.arrived  # not after parsing: a chunk's JSON is the client's work
             if record.ttft is None:
                 record.ttft = now - sent
             else:
@@ -324,7 +363,7 @@ async def _read_stream(
 
 
 def apply_usage(record: RequestRecord, usage: dict) -> None:
-    """The server's token counts into `record`; a count left out (or null) is counted here instead."""
+    """The server's token counts into `record`; a count left out (or null) is counted by fill_counts."""
     details = usage.get("prompt_tokens_details") or {}
     if not isinstance(details, dict):
         raise ResponseError(f"malformed usage: prompt_tokens_details is not an object: {str(details)[:100]}")
@@ -339,9 +378,7 @@ def apply_usage(record: RequestRecord, usage: dict) -> None:
     if counts["prompt_tokens"] is not None:
         record.prompt_tokens = counts["prompt_tokens"]
     record.cached_tokens = counts["cached_tokens"]
-    if counts["completion_tokens"] is None:
-        record.tokens_from = "local"
-    else:
+    if counts["completion_tokens"] is not None:  # else fill_counts counts it
         record.output_tokens = counts["completion_tokens"]
 
 

@@ -7,14 +7,21 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from llmopt.bench.launcher import llmopt_serve_command
+from llmopt.bench.habit import Habit
+from llmopt.bench.launcher import llmopt_serve_command, llmopt_serve_env
 from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.runner import LoadPoint
 from llmopt.bench.search import GoodputSearch
+from llmopt.bench.trace import MOONCAKE_BLOCK_SIZE, read_trace, send_times
 from llmopt.bench.workload import SESSION_WORKLOADS, WORKLOADS
+from llmopt.engines.command import EngineCommand
+from llmopt.engines.errors import EngineError
+from llmopt.engines.options import ServeOptions
+from llmopt.engines.serve import engine_command
 
 
 class BenchError(Exception):
@@ -28,6 +35,11 @@ class ServerSpec:
     name: str
     model: str | None = None
     args: dict = field(default_factory=dict)
+    # `quantize = {method = "gptq", ...}`: served from a checkpoint `llmopt quantize` makes of `model`
+    # (quantized_serve.py); None: `model` as it is.
+    quantize: dict | None = None
+    # `engine = "vllm"` or `"llama.cpp"`: the same args, translated to that engine (llmopt.engines).
+    engine: str = "llmopt"
 
     @property
     def api_key(self) -> str | None:
@@ -59,7 +71,29 @@ class ServerSpec:
         return flags
 
     def command(self, port: int) -> list[str]:
-        return llmopt_serve_command(port, self.flags())
+        if self.engine == "llmopt":
+            return llmopt_serve_command(port, self.flags())
+        return self.engine_command(port).argv
+
+    def env(self) -> dict[str, str]:
+        """The server's environment, with its API key (never on its command line)."""
+        if self.engine == "llmopt":
+            return llmopt_serve_env(self.api_key)
+        return self.engine_command(0).environment()
+
+    def engine_command(self, port: int, installed: bool = True) -> EngineCommand:
+        """Another engine's command for these args (`installed`: with a Python that has the engine)."""
+        try:
+            options = ServeOptions.from_args(self.model, self.args, port)
+            return engine_command(self.engine, options, check=installed)
+        except EngineError as exc:
+            raise BenchError(f"[[serve]] {self.name} (engine {self.engine}): {exc}") from None
+
+    def check_engine(self, installed: bool = False) -> None:
+        """For another engine: that it takes every arg (validate), and that it is installed (before a
+        run starts its first server: a recipe stays valid on a machine without the peer)."""
+        if self.engine != "llmopt":
+            self.engine_command(0, installed)
 
 
 @dataclass
@@ -111,7 +145,18 @@ class BenchConfig:
     search_percentile: float = 90.0
     search_tolerance: float = 0.1
     num_runs: int = 1  # each point this many times: summaries then carry each headline metric's 95 % CI
+    workers: int = 1  # client processes that share each point's load (workers.py), for what one cannot drive
+    # The replay workload: a trace file (trace.py), its block size, and the speeds to replay it at (a
+    # sweep axis, one point each: 2.0 sends twice as fast as the trace).
+    trace: str | None = None
+    trace_block_size: int = MOONCAKE_BLOCK_SIZE
+    replay_speeds: list[float] = field(default_factory=list)
     recipe: str | None = None
+    # The server's /metrics sampled this often during each point (server_metrics.py); 0: not sampled.
+    metrics_interval: float = 0.5
+    # A recipe's [[habit]] entries: each baseline point is run once more per habit, with its one change.
+    habits: list[Habit] = field(default_factory=list)
+    quantized_cache: str | None = None  # quantized checkpoints' folder; default ~/.cache/llmopt/quantized
 
     def validate(self) -> None:
         """Raise BenchError for a setting that cannot run; with no load point given, run concurrency 1."""
@@ -127,6 +172,7 @@ class BenchConfig:
             raise BenchError(f"--workload must be one of {', '.join(WORKLOADS)}")
         if self.workload in ("file", "conversations") and not self.dataset:
             raise BenchError(f"the '{self.workload}' workload needs --dataset FILE (JSONL or ShareGPT JSON)")
+        self._validate_replay()
         self._validate_sessions()
         self._validate_traffic()
         if any(c < 1 for c in self.concurrencies) or any(r <= 0 for r in self.request_rates):
@@ -139,23 +185,30 @@ class BenchConfig:
             raise BenchError("--request-timeout must be a positive number of seconds")
         if self.num_runs < 1:
             raise BenchError("--num-runs must be >= 1")
+        if self.workers < 1:
+            raise BenchError("--workers must be >= 1")
         try:
             parse_slo(self.slo)
             for server in self.servers:
                 check_server_name(server.name)
         except ValueError as exc:
             raise BenchError(str(exc)) from None
+        for server in self.servers:
+            server.check_engine()
         names = [server.name for server in self.servers]
         if len(set(names)) < len(names):
             raise BenchError(f"server names must differ (each names its points and log): {', '.join(names)}")
+        if not self.metrics_interval >= 0:
+            raise BenchError("--metrics-interval is a number of seconds, 0 (off) or more")
         self._validate_search()
+        self._validate_habits()
 
     def _validate_sessions(self) -> None:
         """Multi-turn workloads count sessions, the others requests; with no load point, run one of either."""
         if self.workload not in SESSION_WORKLOADS:
             if self.sessions:
                 raise BenchError(f"--sessions is for the {', '.join(SESSION_WORKLOADS)} workloads")
-            if not self.concurrencies and not self.request_rates:
+            if not self.concurrencies and not self.request_rates and not self.replay_speeds:
                 self.concurrencies = [1]
             return
         if self.concurrencies:
@@ -171,6 +224,28 @@ class BenchConfig:
             raise BenchError("--sessions and --turns must be >= 1 and --system-len >= 0")
         if not self.think_time >= 0:
             raise BenchError("--think-time is a number of seconds, 0 or more")
+
+    def _validate_replay(self) -> None:
+        """The replay workload sends at its trace's times (at speed 1 unless given); a bad trace line is
+        an error now, before any server starts."""
+        if self.workload != "replay":
+            if self.replay_speeds or self.trace:
+                raise BenchError("--trace and --replay-speed are for the replay workload (--workload replay)")
+            return
+        if not self.trace:
+            raise BenchError("the replay workload needs --trace FILE (JSONL in the Mooncake trace format)")
+        if self.concurrencies or self.request_rates:
+            raise BenchError(
+                "the replay workload sends at its trace's times: give --replay-speed, not --concurrency or "
+                "--request-rate"
+            )
+        self.replay_speeds = self.replay_speeds or [1.0]
+        if not all(s > 0 for s in self.replay_speeds) or self.trace_block_size < 1:
+            raise BenchError("--replay-speed must be positive and --trace-block-size >= 1")
+        try:
+            read_trace(Path(self.trace))
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
 
     def _validate_traffic(self) -> None:
         if not self.burstiness > 0:
@@ -203,6 +278,27 @@ class BenchConfig:
         if self.search_percentile not in self.percentiles:  # the search reads it from the summaries
             self.percentiles = tuple(sorted({*self.percentiles, self.search_percentile}))
 
+    def _validate_habits(self) -> None:
+        names = [habit.name for habit in self.habits]
+        if len(set(names)) < len(names):
+            raise BenchError(f"habit names must differ (each names its points): {', '.join(names)}")
+        if self.habits and self.goodput_search:
+            raise BenchError("habits and --goodput-search do not mix: measure habits at given load points")
+        for habit in self.habits:
+            try:
+                habit.check()
+                self.habit_config(habit)._validate_traffic()
+            except (ValueError, BenchError) as exc:
+                raise BenchError(f"habit {habit.name!r}: {exc}") from None
+            if not any(habit.applies_to(p) for p in self.load_points()):
+                raise BenchError(
+                    f"habit {habit.name!r} shapes arrivals: it needs request-rate or session-rate points"
+                )
+
+    def habit_config(self, habit: Habit) -> BenchConfig:
+        """The settings a habit's points run with: these, with the habit's changes and no habits."""
+        return dataclasses.replace(self, habits=[], **habit.fields())
+
     def search(self) -> GoodputSearch:
         """The goodput search the settings ask for (validate first)."""
         [first] = self.load_points()
@@ -226,8 +322,15 @@ class BenchConfig:
     def recorded(self) -> dict:
         """The settings as a run folder keeps them (summary.json): JSON values, without any API key,
         neither ours nor a local server's."""
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k != "api_key"}
+        # The cache is where checkpoints are kept, not what is measured (a resumed run may move it).
+        skipped = ("api_key", "quantized_cache")
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in skipped}
         values["servers"] = [{**server, "args": redact_args(server["args"])} for server in values["servers"]]
+        for server in values["servers"]:
+            if server["quantize"] is None:  # as runs written before quantization recorded it (resume)
+                del server["quantize"]
+            if server["engine"] == "llmopt":  # likewise: runs before other engines were all llmopt's
+                del server["engine"]
         return json.loads(json.dumps(values))
 
     def load_points(self) -> list[LoadPoint]:
@@ -238,6 +341,7 @@ class BenchConfig:
             "max_error_rate": self.max_error_rate,
             "seed": self.seed,
             "think_time": self.think_time,
+            "workers": self.workers,
         }
         open_loop = {
             "arrival": self.arrival,
@@ -250,14 +354,21 @@ class BenchConfig:
         points = [LoadPoint(concurrency=c, **common) for c in self.concurrencies]
         points += [LoadPoint(sessions=s, **common) for s in self.sessions]
         points += [LoadPoint(**{rate: r}, **open_loop, **common) for r in self.request_rates]
+        if self.replay_speeds:
+            schedule = send_times(read_trace(Path(self.trace)))
+            replay = {**common, "num_requests": min(self.num_requests, len(schedule))}
+            points += [
+                LoadPoint(replay_speed=s, schedule=schedule, max_concurrency=self.max_concurrency, **replay)
+                for s in self.replay_speeds
+            ]
         return [dataclasses.replace(p, stream=stream) for stream in self.streams for p in points]
 
 
 def load_axis(point: LoadPoint) -> str:
-    """Which load a point sets: concurrency, request_rate, sessions or session_rate."""
+    """Which load a point sets: concurrency, request_rate, sessions, session_rate or replay_speed."""
     return next(
         a
-        for a in ("concurrency", "request_rate", "sessions", "session_rate")
+        for a in ("concurrency", "request_rate", "sessions", "session_rate", "replay_speed")
         if getattr(point, a) is not None
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmopt.bench.client import RequestRecord
+from llmopt.bench.token_count import TOKEN_SOURCES
 
 DEFAULT_PERCENTILES = (50, 90, 99)
 
@@ -62,6 +63,12 @@ def meets_slo(record: RequestRecord, slo: dict[str, float]) -> bool:
     return all(checks[name] is not None and checks[name] <= limit for name, limit in slo.items())
 
 
+def token_source(records: list[RequestRecord]) -> str | None:
+    """Where a point's token counts are from: the least exact source any of its records used."""
+    used = {r.tokens_from for r in records}
+    return next((s for s in reversed(TOKEN_SOURCES) if s in used), None)
+
+
 def summarize(
     records: list[RequestRecord],
     wall_s: float,
@@ -83,6 +90,7 @@ def summarize(
         "output_tokens": out_tokens,
         "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
         "tokens_from": sorted({r.tokens_from for r in ok}),
+        "token_source": token_source(ok),
         "ttft_ms": distribution([r.ttft for r in ok], percentiles),
         "tpot_ms": distribution([t for r in ok if (t := tpot(r)) is not None], percentiles),
         "itl_ms": distribution([g for r in ok for g in r.itl], percentiles),

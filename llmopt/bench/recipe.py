@@ -7,12 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.habit import Habit
+from llmopt.bench.quantized_serve import parse_quantize
 from llmopt.bench.rundir import check_server_name
 from llmopt.files import read_toml
 
 # {table: {recipe key: BenchConfig field}}
 TABLES: dict[str, dict[str, str]] = {
-    "target": {"endpoint": "endpoint", "model": "model", "api_key": "api_key", "api": "api"},
+    "target": {
+        "endpoint": "endpoint",
+        "model": "model",
+        "api_key": "api_key",
+        "api": "api",
+        "quantized_cache": "quantized_cache",
+    },
     "workload": {
         "kind": "workload",
         "prompt_len": "prompt_lens",
@@ -24,6 +32,8 @@ TABLES: dict[str, dict[str, str]] = {
         "turn_len": "prompt_lens",  # a multi-turn workload's prompt length: give one of the two
         "system_len": "system_len",
         "prompt_len_spread": "prompt_len_spread",
+        "trace": "trace",
+        "trace_block_size": "trace_block_size",
     },
     "load": {
         "concurrency": "concurrencies",
@@ -47,11 +57,16 @@ TABLES: dict[str, dict[str, str]] = {
         "search_percentile": "search_percentile",
         "search_tolerance": "search_tolerance",
         "num_runs": "num_runs",
+        "workers": "workers",
+        "metrics_interval": "metrics_interval",
+        "replay_speed": "replay_speeds",
     },
 }
 # Fields that hold one value per sweep axis: a recipe may give one number or a list.
-LIST_FIELDS = {"prompt_lens", "output_lens", "concurrencies", "request_rates", "sessions", "streams"}
-SERVE_KEYS = {"name", "model", "args"}
+LIST_FIELDS = {
+    *("prompt_lens", "output_lens", "concurrencies", "request_rates", "sessions", "streams", "replay_speeds")
+}
+SERVE_KEYS = {"name", "model", "args", "quantize", "engine"}
 
 
 def load_recipe(path: Path) -> BenchConfig:
@@ -60,10 +75,10 @@ def load_recipe(path: Path) -> BenchConfig:
         data = read_toml(path, "recipe")
     except ValueError as exc:
         raise BenchError(str(exc)) from None
-    unknown = set(data) - {*TABLES, "serve"}
+    unknown = set(data) - {*TABLES, "serve", "habit"}
     if unknown:
         raise BenchError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}")
-    values: dict[str, object] = {}
+    values: dict[str, object] = {"habits": _habits(path, data.get("habit", []))}
     for table, keys in TABLES.items():
         values.update(_table_values(path, table, data.get(table, {}), keys))
     return BenchConfig(**values, servers=_servers(path, data.get("serve", [])), recipe=str(path))
@@ -101,5 +116,28 @@ def _servers(path: Path, entries: object) -> list[ServerSpec]:
             check_server_name(name)
         except ValueError as exc:
             raise BenchError(f"{path}: [[serve]] #{i + 1}: {exc}") from None
-        servers.append(ServerSpec(name, entry.get("model"), entry.get("args", {})))
+        quantize = entry.get("quantize")
+        if quantize is not None:
+            try:
+                parse_quantize(quantize)
+            except ValueError as exc:
+                raise BenchError(f"{path}: [[serve]] #{i + 1} ({name}): {exc}") from None
+        engine = entry.get("engine", "llmopt")  # checked with the args by BenchConfig.validate
+        servers.append(ServerSpec(name, entry.get("model"), entry.get("args", {}), quantize, engine))
     return servers
+
+
+def _habits(path: Path, entries: object) -> list[Habit]:
+    """The [[habit]] entries: each a `name` and the settings it changes (habit.py)."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise BenchError(f"{path}: [[habit]] must be an array of tables")
+    habits = []
+    for i, entry in enumerate(entries):
+        settings = {k: v for k, v in entry.items() if k != "name"}
+        habit = Habit(entry.get("name", f"habit-{i}"), settings)
+        try:
+            habit.check()
+        except ValueError as exc:
+            raise BenchError(f"{path}: [[habit]] #{i + 1}: {exc}") from None
+        habits.append(habit)
+    return habits

@@ -6,8 +6,9 @@ from __future__ import annotations
 from llmopt.bench.config import BenchError
 
 # Settings that do not change what a point measures: where the settings were read from (a recipe's
-# values are compared one by one) and how long to wait for a stalled server before giving up.
-NOT_COMPARED = frozenset({"recipe", "request_timeout"})
+# values are compared one by one), how long to wait for a stalled server before giving up, and how often
+# the server's metrics are sampled.
+NOT_COMPARED = frozenset({"recipe", "request_timeout", "metrics_interval"})
 
 
 def resume_conflicts(stored: dict, new: dict) -> list[str]:

@@ -4,12 +4,14 @@
     summary.json         {"settings": ..., "points": [point summary, ...]}, rewritten after every point
     summary.csv          the same points as a table
     turns.csv            multi-turn runs: one row per point and turn index (TTFT, E2E, cached fraction)
+    server_metrics.jsonl the server's /metrics sampled during each point (bench/server_metrics.py), one
+                         JSON line per sample with its point's key and run, written as each run ends
     server-<name>.log    the output of each local server the run started
     report.html          the HTML report
 
-A run killed mid-write leaves at most a torn last line in requests.jsonl: reading drops it (that request
-never finished), so neither --resume nor the report fails on it. The summaries are replaced atomically,
-so a crash leaves the previous ones whole.
+A run killed mid-write leaves at most a torn last line in requests.jsonl (or server_metrics.jsonl):
+reading drops it (that request never finished), so neither --resume nor the report fails on it. The
+summaries are replaced atomically, so a crash leaves the previous ones whole.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ RECORDS = "requests.jsonl"
 SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
 TURNS_CSV = "turns.csv"
+SERVER_METRICS = "server_metrics.jsonl"
 REPORT = "report.html"
 
 CSV_FIELDS = [
@@ -55,6 +58,13 @@ SESSION_COLUMNS = {
     "sessions_failed": ("conversations", "failed", None),
     "turns_per_s": ("conversations", "turns_per_s", None),
     "conversation_ms_median": ("conversations", "conversation_ms", "median"),
+}
+# The client's self-check (self_check.py), last: its processes, busiest loop's CPU share, loop lag, flag.
+CLIENT_COLUMNS = {
+    "client_workers": ("client", "workers", None),
+    "client_cpu": ("client", "cpu", None),
+    "client_loop_lag_ms_p99": ("client", "loop_lag_ms", "p99"),
+    "client_limited": (None, "client_limited", None),
 }
 TURN_FIELDS = ["key", "turn", "requests", "successful", "prompt_tokens_mean", "cached_fraction"]
 # A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
@@ -92,6 +102,21 @@ class RunDir:
     @property
     def report(self) -> Path:
         return self.path / REPORT
+
+    @property
+    def server_metrics(self) -> Path:
+        return self.path / SERVER_METRICS
+
+    def append_server_metrics(self, lines: list[dict]) -> None:
+        """Add one run's samples of the server's metrics (each a JSON object with its point's key)."""
+        if not lines:
+            return
+        with open(self.server_metrics, "a") as f:
+            f.write("".join(json.dumps(line) + "\n" for line in lines))
+            f.flush()
+
+    def read_server_metrics(self) -> list[dict]:
+        return [sample for _, sample in self._lines(self.server_metrics)]
 
     def server_log(self, server: str) -> Path:
         check_server_name(server)
@@ -136,21 +161,24 @@ class RunDir:
         return [record for _, record in self._record_lines()]
 
     def keep_records_of(self, keys: set[str]) -> None:
-        """On resume: drop the records of points that did not finish (they run again)."""
-        if not self.records.is_file():
-            return
-        kept = [line for line, record in self._record_lines() if record.get("point") in keys]
-        _replace(self.records, "".join(line + "\n" for line in kept))
+        """On resume: drop the records (and server samples) of points that did not finish (they run again)."""
+        for path in (self.records, self.server_metrics):
+            if path.is_file():
+                kept = [line for line, record in self._lines(path) if record.get("point") in keys]
+                _replace(path, "".join(line + "\n" for line in kept))
 
     def _record_lines(self) -> list[tuple[str, dict]]:
-        """(line, record) for each record in requests.jsonl, without a torn last line."""
-        if not self.records.is_file():
+        return self._lines(self.records)
+
+    def _lines(self, path: Path) -> list[tuple[str, dict]]:
+        """(line, record) for each record in a JSONL file of the run, without a torn last line."""
+        if not path.is_file():
             return []
-        text = self.records.read_text()
+        text = path.read_text()
         # Only the last line can be torn (every record is written and flushed whole, in order).
         body, _, tail = text.rpartition("\n")
         raw = body.splitlines()
-        lines = [(raw[number - 1], record) for number, record in jsonl_records(self.records, body)]
+        lines = [(raw[number - 1], record) for number, record in jsonl_records(path, body)]
         try:
             if tail.strip():
                 lines.append((tail, json.loads(tail)))
@@ -168,6 +196,7 @@ def summary_csv(points: list[dict]) -> str:
     writer = csv.writer(out)
     # Only a run with multi-turn points has their columns, so other runs' tables read as they did.
     sessions = list(SESSION_COLUMNS) if any("conversations" in p for p in points) else []
+    sessions += list(CLIENT_COLUMNS) if any("client" in p for p in points) else []
     writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols] + sessions)
     for p in points:
         row = [p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols]
@@ -176,7 +205,7 @@ def summary_csv(points: list[dict]) -> str:
 
 
 def session_cell(point: dict, column: str) -> object:
-    block, name, stat = SESSION_COLUMNS[column]
+    block, name, stat = {**SESSION_COLUMNS, **CLIENT_COLUMNS}[column]
     value = (point.get(block) or {}).get(name) if block else point.get(name)
     return (value or {}).get(stat) if stat else value
 

@@ -28,10 +28,12 @@ def parse_metrics(text: str) -> dict[str, float]:
     }
 
 
-def scrape(base_url: str, timeout_s: float = 10) -> dict[str, float]:
-    """`base_url`/metrics parsed; empty when the server has no such page or cannot be reached."""
+def scrape(base_url: str, timeout_s: float = 10, client: httpx.Client | None = None) -> dict[str, float]:
+    """`base_url`/metrics parsed; empty when the server has no such page or cannot be reached. A caller
+    that scrapes often passes its `client`, to keep one connection."""
     try:
-        response = httpx.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
+        get = client.get if client is not None else httpx.get
+        response = get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
         response.raise_for_status()
         return parse_metrics(response.text)
     except (httpx.HTTPError, ValueError):

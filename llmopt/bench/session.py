@@ -12,13 +12,22 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
 from llmopt.bench.client import BenchRequest, RequestRecord, Target, send
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.runner import Collector, LoadPoint, PointResult, client_session, open_loop, warm_up
+from llmopt.bench.runner import (
+    Collector,
+    LoadPoint,
+    PointResult,
+    client_session,
+    open_loop,
+    warm_list,
+    warm_up,
+)
+from llmopt.bench.self_check import SelfCheck
 
 
 @dataclass
@@ -50,7 +59,7 @@ class Sessions:
     t0: float
     deadline: float | None
     count_tokens: Callable[[str], int] | None
-    counter: itertools.count  # numbers the point's requests in the order they are sent
+    counter: Iterator[int]  # numbers the point's requests in the order they are sent
 
     def ended(self) -> bool:
         return bool(self.collect.stop) or bool(self.deadline and time.perf_counter() >= self.deadline)
@@ -70,34 +79,64 @@ async def run_sessions(
     """Run each conversation once as a session of the point; records carry their session (numbered from
     `first_session`: a repeated point's runs number theirs apart) and turn."""
     assert point.sessions is not None or point.session_rate is not None
+    collect = Collector(point, records_out, point_key, on_record)
+    if point.workers > 1:
+        from llmopt.bench.workers import run_in_workers  # it builds on this module: imported when used
+
+        warm = warm_list(point, warmup_requests or [])
+        return await run_in_workers(target, conversations, warm, point, collect, count_tokens, first_session)
     async with client_session(target) as session:
         await warm_up(session, target, point, warmup_requests or [], count_tokens)
-        collect = Collector(point, records_out, point_key, on_record)
+        check = SelfCheck().start()
         t0 = time.perf_counter()
-        deadline = t0 + point.max_seconds if point.max_seconds else None
-        tools = ToolUse(send=any(c.tools for c in conversations))
-        shared = Sessions(
-            session, target, point, collect, tools, t0, deadline, count_tokens, itertools.count()
+        used_tools = await drive_sessions(
+            session, target, conversations, point, t0, collect, count_tokens, first_session
         )
-
-        async def one(i: int) -> None:
-            await run_conversation(shared, conversations[i], first_session + i)
-
-        if point.sessions is not None:
-            await closed_loop(shared, len(conversations), one)
-        else:
-            await open_loop(len(conversations), point, deadline, collect.stop, t0, one)
         wall = time.perf_counter() - t0
-    used_tools = tools.summary() if any(c.tools for c in conversations) else None
-    return PointResult(collect.records, wall, collect.stop[0] if collect.stop else None, used_tools)
+        load = check.stop()
+    stopped = collect.stop[0] if collect.stop else None
+    return PointResult(collect.records, wall, stopped, used_tools, client=[load], started=t0)
 
 
-async def closed_loop(shared: Sessions, n: int, one: Callable) -> None:
-    """`shared.point.sessions` sessions at once, each next one started when one ends."""
-    numbers = itertools.count()
+async def drive_sessions(
+    session,
+    target: Target,
+    conversations: list[Conversation],
+    point: LoadPoint,
+    t0: float,
+    collect: Collector,
+    count_tokens: Callable[[str], int] | None,
+    first_session: int = 0,
+    take: Callable[[], int] | None = None,
+    indices: list[int] | None = None,
+    numbers: Iterator[int] | None = None,
+) -> str | None:
+    """Run the point's sessions from `t0` (a perf_counter time) on; return what became of its tools (None:
+    no tools). A worker process (workers.py) runs its share: a closed loop's conversations by the numbers
+    `take` gives (a counter the processes share), an open loop's the arrivals in `indices`; `numbers`
+    then numbers the requests across the processes."""
+    deadline = t0 + point.max_seconds if point.max_seconds else None
+    tools = ToolUse(send=any(c.tools for c in conversations))
+    shared = Sessions(
+        session, target, point, collect, tools, t0, deadline, count_tokens, numbers or itertools.count()
+    )
+
+    async def one(i: int) -> None:
+        await run_conversation(shared, conversations[i], first_session + i)
+
+    if point.sessions is not None:
+        await closed_loop(shared, len(conversations), one, take)
+    else:
+        await open_loop(len(conversations), point, deadline, collect.stop, t0, one, indices)
+    return tools.summary() if any(c.tools for c in conversations) else None
+
+
+async def closed_loop(shared: Sessions, n: int, one: Callable, take: Callable[[], int] | None = None) -> None:
+    """`shared.point.sessions` sessions at once, each next one started when one ends (the next by `take`)."""
+    take = take or itertools.count().__next__
 
     async def slot() -> None:
-        while (i := next(numbers)) < n and not shared.ended():
+        while (i := take()) < n and not shared.ended():
             await one(i)
 
     await asyncio.gather(*(slot() for _ in range(min(shared.point.sessions, n))))

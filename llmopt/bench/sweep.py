@@ -15,8 +15,9 @@ import datetime as dt
 import functools
 import itertools
 import math
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -25,17 +26,22 @@ import httpx
 from llmopt.bench.client import Target
 from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.launcher import LocalServer, llmopt_serve_env
+from llmopt.bench.habit import Habit
+from llmopt.bench.launcher import LocalServer
 from llmopt.bench.metrics import parse_slo, summarize
 from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
+from llmopt.bench.quantized_serve import prepare_servers
 from llmopt.bench.repeats import repeat_stats
 from llmopt.bench.resume import check_resumable
 from llmopt.bench.rundir import RunDir, machine_info
 from llmopt.bench.runner import LoadPoint, PointResult, run_point
 from llmopt.bench.search import run_search
+from llmopt.bench.self_check import client_fields
+from llmopt.bench.server_metrics import MetricsSampler, ServerSample, summarize_samples
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
 from llmopt.bench.session import run_sessions
 from llmopt.bench.session_metrics import summarize_sessions
+from llmopt.bench.token_count import TokenCounter, tokenize_url
 from llmopt.bench.workload import (
     REPEATING_WORKLOADS,
     SESSION_WORKLOADS,
@@ -78,6 +84,8 @@ def run_sweep(
 ) -> list[dict]:
     """Run every point not yet done; return all point summaries of the run (old and new)."""
     config.validate()
+    for server in config.servers:  # every peer installed, before a run folder or server is made
+        server.check_engine(installed=True)
     run = RunDir(run_dir)
     recorded = config.recorded()
     done = open_run(run, resume, recorded)
@@ -86,9 +94,12 @@ def run_sweep(
         "started": dt.datetime.now().isoformat(timespec="seconds"),
         "machine": machine_info(),
     }
-    targets: list[tuple[str, ServerSpec | None]] = [(s.name, s) for s in config.servers] or [
-        ("endpoint", None)
-    ]
+    # Quantized configs are served from checkpoints made (or found in the cache) before any point runs.
+    cache = Path(config.quantized_cache) if config.quantized_cache else None
+    servers, quantized = prepare_servers(config.servers, cache)
+    if quantized:
+        settings["quantization"] = quantized
+    targets: list[tuple[str, ServerSpec | None]] = [(s.name, s) for s in servers] or [("endpoint", None)]
     with run.open_records() as records_out:
         sweep = Sweep(
             config=config,
@@ -130,20 +141,60 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
         with serving(sweep, server_name, spec) as target:
             run_searches(sweep, target, server_name, spec)
         return
-    matrix: list[Cell] = [
-        (pl, ol, lp) for pl in config.prompt_lens for ol in config.output_lens for lp in config.load_points()
-    ]
     # A point's place in the matrix seeds its prompts, so a resumed run sends what the first would have.
     todo = [
-        (index, cell)
-        for index, cell in enumerate(matrix)
-        if point_key(server_name, *cell) not in sweep.done_keys
+        (index, entry)
+        for index, entry in enumerate(matrix(config))
+        if point_key(server_name, *entry.cell) not in sweep.done_keys
     ]
     if not todo:
         return
     with serving(sweep, server_name, spec) as target:
-        for index, cell in todo:
-            finish_point(sweep, run_cell(sweep, target, server_name, spec, index, cell))
+        for index, entry in todo:
+            if entry.habit is None:
+                summary = run_cell(sweep, target, server_name, spec, index, entry.cell)
+            else:
+                # The habit's points run with its settings (prompt length spread, connection reuse).
+                habit_sweep = dataclasses.replace(sweep, config=config.habit_config(entry.habit))
+                summary = run_cell(habit_sweep, target, server_name, spec, index, entry.cell)
+                summary.update(habit_fields(config, server_name, entry))
+            finish_point(sweep, summary)
+
+
+@dataclass
+class MatrixEntry:
+    """A point of a server's matrix: a baseline cell, or a habit's change to one (`base`)."""
+
+    cell: Cell
+    habit: Habit | None = None
+    base: Cell | None = None
+
+
+def matrix(config: BenchConfig) -> list[MatrixEntry]:
+    """The baseline's cells (prompt x output length x load point), then each habit's: every baseline
+    cell it applies to, with its one change (the baseline's places, and so its seeds, stay as they were)."""
+    base: list[Cell] = [
+        (pl, ol, lp) for pl in config.prompt_lens for ol in config.output_lens for lp in config.load_points()
+    ]
+    entries = [MatrixEntry(cell) for cell in base]
+    for habit in config.habits:
+        entries += [
+            MatrixEntry((pl, ol, habit.point(lp)), habit, (pl, ol, lp))
+            for pl, ol, lp in base
+            if habit.applies_to(lp)
+        ]
+    return entries
+
+
+def habit_fields(config: BenchConfig, server_name: str, entry: MatrixEntry) -> dict:
+    """What a habit point's summary says of its habit: its name, what it changed from what, and the
+    baseline point it is compared with (report/client_habits.py)."""
+    assert entry.habit is not None and entry.base is not None
+    return {
+        "habit": entry.habit.name,
+        "habit_changes": entry.habit.changes(config, entry.base[2]),
+        "baseline_key": point_key(server_name, *entry.base),
+    }
 
 
 def finish_point(sweep: Sweep, summary: dict) -> None:
@@ -160,9 +211,7 @@ def serving(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> Iterator
     server = None
     if spec is not None:
         log = sweep.run.server_log(server_name)
-        server = LocalServer(
-            spec.command, ready_timeout_s=600, log_path=log, env=llmopt_serve_env(spec.api_key)
-        )
+        server = LocalServer(spec.command, ready_timeout_s=600, log_path=log, env=spec.env())
     # A local server's own key, if its args give one, else ours (sent to a server that may ignore it).
     api_key = (spec.api_key if spec else None) or config.api_key
     try:
@@ -229,6 +278,7 @@ class Run:
     planned_turns: dict[int, int]  # multi-turn runs: each session's number of turns
     reset: bool | None  # whether the prefix cache was reset before it (None: not asked to)
     warnings: list[str]
+    samples: list[ServerSample] = field(default_factory=list)  # the server's /metrics during it
 
 
 def run_cell(
@@ -239,7 +289,7 @@ def run_cell(
     config = sweep.config
     prompt_len, output_len, point = cell
     key = point_key(server_name, *cell)
-    target = dataclasses.replace(target, stream=point.stream)
+    target = dataclasses.replace(target, stream=point.stream, connection_reuse=config.connection_reuse)
     local = spec is not None  # only a local llmopt server is asked for its speculation counters
     before = scrape_spec_counters(target.endpoint) if local else None
     runs = [run_once(sweep, target, key, index, cell, repeat) for repeat in range(config.num_runs)]
@@ -269,11 +319,14 @@ def run_cell(
             "request_rate": point.request_rate,
             "sessions": point.sessions,
             "session_rate": point.session_rate,
+            "replay_speed": point.replay_speed,
             "stream": point.stream,
             "server_args": spec.recorded_args() if spec else None,
             "stopped_early": next((r.result.stopped_early for r in runs if r.result.stopped_early), None),
             "prefix_cache_reset": runs[0].reset,
             "warnings": list(dict.fromkeys(w for run in runs for w in run.warnings)),
+            "server_metrics": summarize_samples([(run.samples, run.result.wall_s) for run in runs]),
+            **client_fields([run.result for run in runs]),
         }
     )
     return summary
@@ -286,19 +339,31 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
     # Fresh prompts for every point, run and warm-up, so that none is served from prefix-cache entries
     # that an earlier one left behind; a point's place in the matrix seeds them (resume sends the same).
     seed = config.seed + 7919 * index + 104729 * repeat
-    count = functools.partial(count_tokens, tokenizer) if tokenizer is not None else None
+    # Counts a server's answer leaves out: from its /tokenize where it has one, else the local tokenizer.
+    count = TokenCounter(
+        functools.partial(count_tokens, tokenizer) if tokenizer is not None else None,
+        tokenize_url(target.endpoint),
+        target.model,
+        target.headers(),
+    )
     reset, warnings = cache_hygiene(config, target, index + repeat, point)
-    if config.workload in SESSION_WORKLOADS:
-        result, planned = run_sessions_cell(sweep, target, key, cell, seed, count, repeat)
-        return Run(result, planned, reset, warnings)
-    requests = make_requests(config, tokenizer, prompt_len, output_len, seed)
-    if point.warmup:
-        point.warmup_requests = make_requests(
-            config, tokenizer, prompt_len, output_len, seed + 1, point.warmup
-        )
-    progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
-    result = asyncio.run(run_point(target, requests, point, sweep.records_out, key, progress, count))
-    return Run(result, {}, reset, warnings)
+    planned: dict[int, int] = {}
+    with MetricsSampler(target.endpoint.rstrip("/").removesuffix("/v1"), config.metrics_interval) as sampler:
+        if config.workload in SESSION_WORKLOADS:
+            result, planned = run_sessions_cell(sweep, target, key, cell, seed, count, repeat)
+        else:
+            requests = make_requests(config, tokenizer, prompt_len, output_len, seed)
+            if point.warmup:
+                point.warmup_requests = make_requests(
+                    config, tokenizer, prompt_len, output_len, seed + 1, point.warmup
+                )
+            progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
+            result = asyncio.run(run_point(target, requests, point, sweep.records_out, key, progress, count))
+        ended = time.perf_counter()
+    # Sample times count from the point's start, as its records' do (else from where it must have been).
+    samples = sampler.samples(result.started if result.started is not None else ended - result.wall_s)
+    sweep.run.append_server_metrics([{"point": key, "run": repeat, **s.to_json()} for s in samples])
+    return Run(result, planned, reset, warnings, samples)
 
 
 def cache_hygiene(

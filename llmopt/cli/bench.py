@@ -20,7 +20,7 @@ from llmopt.bench.runner import LoadPoint
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list
-from llmopt.cli.render import results_table
+from llmopt.cli.render import client_warning, results_table
 
 # The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
 # (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the
@@ -29,7 +29,7 @@ AS_GIVEN = (
     "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
     "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse turns "
     "system_len think_time burstiness ramp_up prompt_len_spread reset_prefix_cache goodput_search "
-    "search_percentile search_tolerance num_runs"
+    "search_percentile search_tolerance num_runs trace_block_size metrics_interval workers quantized_cache"
 ).split()
 
 
@@ -40,6 +40,8 @@ def _list_of(parse: Callable[[str], list]) -> Callable[[str], list | None]:
 # ...and these are parsed, the list axes into plural fields: {option: (BenchConfig field, parse)}.
 PARSED: dict[str, tuple[str, Callable[[object], object]]] = {
     "dataset": ("dataset", str),
+    "trace": ("trace", str),
+    "replay_speed": ("replay_speeds", _list_of(float_list)),
     "concurrency": ("concurrencies", _list_of(int_list)),
     "request_rate": ("request_rates", _list_of(float_list)),
     "prompt_len": ("prompt_lens", _list_of(int_list)),
@@ -83,7 +85,7 @@ WarmupOption = Annotated[int | None, typer.Option(help="uncounted warm-up reques
 WorkloadOption = Annotated[
     str | None,
     typer.Option(
-        help="random, shared-prefix, copy, file, multi-turn, agent or conversations; default: random"
+        help="random, shared-prefix, copy, file, replay, multi-turn, agent or conversations; default: random"
     ),
 ]
 PromptLenOption = Annotated[
@@ -161,11 +163,33 @@ SearchPercentileOption = Annotated[
 SearchToleranceOption = Annotated[
     float | None, typer.Option(help="a rate search stops within this share of its answer; default: 0.1")
 ]
+TraceOption = Annotated[
+    Path | None, typer.Option(help="replay workload: a trace, JSONL in the Mooncake trace format")
+]
+ReplaySpeedOption = Annotated[
+    str | None,
+    typer.Option(help="replay the trace this many times as fast, one point each, e.g. 1,2; default: 1"),
+]
+TraceBlockSizeOption = Annotated[
+    int | None, typer.Option(help="tokens per hash id of the trace; default: 512, Mooncake's")
+]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(help="client processes per point, for rates one event loop cannot drive; default: 1"),
+]
 NumRunsOption = Annotated[
     int | None, typer.Option(help="run each point this many times; summaries give 95 % intervals; default: 1")
 ]
+MetricsIntervalOption = Annotated[
+    float | None,
+    typer.Option(help="seconds between samples of the server's /metrics during a point; 0: off; default 0.5"),
+]
 RunNameOption = Annotated[str | None, typer.Option(help="folder under --results-dir; default: a timestamp")]
 ResumeOption = Annotated[bool, typer.Option(help="continue an interrupted run (same --run-name)")]
+QuantizedCacheOption = Annotated[
+    str | None,
+    typer.Option(help="where `quantize` configs' checkpoints are cached; default ~/.cache/llmopt/quantized"),
+]
 
 
 def bench(
@@ -188,6 +212,9 @@ def bench(
     prefix_len: PrefixLenOption = None,
     num_prefixes: NumPrefixesOption = None,
     dataset: DatasetOption = None,
+    trace: TraceOption = None,
+    replay_speed: ReplaySpeedOption = None,
+    trace_block_size: TraceBlockSizeOption = None,
     slo: SloOption = None,
     percentiles: PercentilesOption = "50,90,99",
     max_error_rate: MaxErrorRateOption = None,
@@ -207,25 +234,34 @@ def bench(
     search_percentile: SearchPercentileOption = None,
     search_tolerance: SearchToleranceOption = None,
     num_runs: NumRunsOption = None,
+    workers: WorkersOption = None,
+    metrics_interval: MetricsIntervalOption = None,
     ignore_eos: IgnoreEosOption = True,
     tokenizer: TokenizerOption = None,
     run_name: RunNameOption = None,
     results_dir: Path = Path("results"),
     resume: ResumeOption = False,
+    quantized_cache: QuantizedCacheOption = None,
     seed: int = 0,
 ) -> None:
     """Load-test any OpenAI-compatible endpoint (ours, vLLM, llama.cpp, a paid API)."""
     # The settings are read by option name from ctx.params (see SETTINGS), not one parameter at a time.
+    raise typer.Exit(start_bench(ctx.params, recipe, run_name, results_dir, resume))
+
+
+def start_bench(
+    params: dict, recipe: Path | None, run_name: str | None, results_dir: Path, resume: bool
+) -> int:
+    """The bench the parsed options ask for, run; its exit code (a bad setting: its message, exit 1)."""
     try:
-        overrides = settings_from_options(ctx.params)
+        overrides = settings_from_options(params)
         config = with_overrides(load_recipe(recipe) if recipe else BenchConfig(), overrides)
         config.validate()
         tok = load_tokenizer(resolve_tokenizer(config.tokenizer))
         name = run_name or (recipe.stem + "-" if recipe else "") + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        code = run_bench(config, results_dir / name, resume, tok, console)
+        return run_bench(config, results_dir / name, resume, tok, console)
     except (BenchError, ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
-    raise typer.Exit(code)
 
 
 def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, console: Console) -> int:
@@ -289,6 +325,8 @@ def print_point_notes(console: Console, summary: dict) -> None:
         console.print(f"[yellow]{key}: {summary['failed']} failed: {errors}[/]")
     for note in summary.get("warnings") or []:
         console.print(f"[yellow]{key}: warning: {escape(note)}[/]")
+    if (client := client_warning(summary)) is not None:
+        console.print(client)
     if summary.get("tools") not in (None, "sent"):
         console.print(f"[yellow]{key}: tools {escape(summary['tools'])}[/]")
     if summary.get("stopped_early"):

@@ -40,6 +40,20 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
     return table
 
 
+def client_warning(summary: dict) -> Text | None:
+    """The warning for a point whose client, not the server, was the limit (bench/self_check.py); None
+    for any other point."""
+    client = summary.get("client") or {}
+    if not client.get("limited"):
+        return None
+    reasons = "; ".join(client.get("limited_by") or [])
+    return Text(
+        f"{summary['key']}: warning: client-limited: {reasons}. Its figures measure the client as much "
+        f"as the server: give more --workers (now {client.get('workers', 1)}) or use a quieter machine",
+        style="yellow",
+    )
+
+
 def pricing_table(models: list[PricingModel]) -> Table:
     """`llmopt cost --list`: every pricing model with its terms, source and date."""
     table = Table(title=f"{len(models)} pricing models (US dollars)")

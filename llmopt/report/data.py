@@ -20,8 +20,10 @@ class Run:
         """Points grouped by (server, prompt length, output length), each group ordered by load."""
         groups: dict[tuple[str, int, int], list[dict]] = {}
         for p in self.points:
-            # Points not streamed are a series of their own (a sweep may try both).
+            # Points not streamed are a series of their own (a sweep may try both), as is each habit's.
             server = p["server"] if p.get("stream", True) else p["server"] + " no-stream"
+            if p.get("habit"):
+                server = f"{p['server']} habit {p['habit']}"
             groups.setdefault((server, p["prompt_len"], p["output_len"]), []).append(p)
         for group in groups.values():
             group.sort(key=lambda p: (p["concurrency"] or 0, p["request_rate"] or 0, load_value(p)))
@@ -40,8 +42,9 @@ def load_run(path: Path) -> Run:
 
 
 def load_value(point: dict) -> float:
-    """The x of a load point: its concurrency, request rate, sessions at once or session rate."""
-    for name in ("concurrency", "request_rate", "sessions", "session_rate"):
+    """The x of a load point: its concurrency, request rate, sessions at once, session rate or replay
+    speed."""
+    for name in ("concurrency", "request_rate", "sessions", "session_rate", "replay_speed"):
         if point.get(name) is not None:
             return point[name]
     raise ValueError(f"point {point.get('key')} has no load")

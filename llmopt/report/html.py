@@ -12,12 +12,16 @@ from jinja2 import Environment
 from llmopt.bench.metrics import parse_slo
 from llmopt.bench.redact import redact_args
 from llmopt.pricing import load_pricing
-from llmopt.report import plots
+from llmopt.report import plots, server_metrics
+from llmopt.report.client_habits import HEADERS as HABIT_HEADERS
+from llmopt.report.client_habits import habit_tables
 from llmopt.report.cost_section import cost_blocks
 from llmopt.report.data import Run, load_run
 from llmopt.report.format import fmt, point_columns
 from llmopt.report.headline import HEADERS as HEADLINE_HEADERS
 from llmopt.report.headline import headlines
+from llmopt.report.quantization import HEADERS as QUANTIZATION_HEADERS
+from llmopt.report.quantization import quantization_sections
 from llmopt.report.verdict import VERDICT_HEADERS, Check, verdict_cells
 
 DELTA_METRICS = [
@@ -137,6 +141,10 @@ def b64(svg: str) -> str:
     return base64.b64encode(svg.encode()).decode()
 
 
+def optional_b64(svg: str | None) -> str | None:
+    return None if svg is None else b64(svg)
+
+
 def slo_lines(runs: list[Run]) -> dict[str, float]:
     """Every run's SLOs in milliseconds (a later run's value for the same metric wins)."""
     slo: dict[str, float] = {}
@@ -190,6 +198,14 @@ def render(runs: list[Run], pricing: Path | None, checks: list[Check] | None = N
         delta_metrics=DELTA_METRICS,
         figures=[(t, b64(svg)) for t, svg in figures(runs)],
         cost_blocks=blocks,
+        habit_headers=HABIT_HEADERS,
+        habit_tables=habit_tables(runs),
+        server_metrics_headers=server_metrics.HEADERS,
+        server_metric_rows=server_metrics.server_metric_rows,
+        server_metrics_any=any(server_metrics.server_metric_rows(run) for run in runs),
+        server_metrics_figure=optional_b64(server_metrics.figure(runs)),
+        quantization=quantization_sections(runs, models),
+        quantization_headers=QUANTIZATION_HEADERS,
         headline_headers=HEADLINE_HEADERS,
         headlines=headlines(runs, blocks),
         pricing_source=str(pricing or "llmopt/pricing.toml"),

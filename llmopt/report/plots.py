@@ -42,6 +42,7 @@ def load_axis_name(runs: list[Run]) -> str:
         "request_rate": "request rate (req/s)",
         "sessions": "sessions at once",
         "session_rate": "session rate (sessions/s)",
+        "replay_speed": "replay speed (x the trace's)",
     }
     used = [
         name for key, name in names.items() if any(p.get(key) is not None for r in runs for p in r.points)
@@ -340,23 +341,51 @@ def timeline(runs: list[Run], max_points: int = 4) -> str | None:
         return None
     fig, axes = plt.subplots(1, len(chosen), figsize=(5 * len(chosen), 4), squeeze=False)
     for ax, (run, p) in zip(axes[0], chosen):
-        recs = sorted(
-            (r for r in run.records_of(p["key"]) if r.get("ttft") is not None and r.get("e2e") is not None),
-            key=lambda r: r.get("start") or 0.0,
-        )
-        y = np.arange(len(recs))
-        starts = np.array([r.get("start") or 0.0 for r in recs])
-        ttft = np.array([r["ttft"] for r in recs])
-        e2e = np.array([r["e2e"] for r in recs])
-        ax.barh(y, ttft, left=starts, height=0.8, color="C3", label="sent -> first token")
-        ax.barh(
-            y, e2e - ttft, left=starts + ttft, height=0.8, color="C0", alpha=0.6, label="first -> last token"
-        )
+        draw_timeline(ax, run.records_of(p["key"]))
         ax.set_title(
             f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} in {p['prompt_len']} {p['load']}"
         )
-        ax.set_xlabel("seconds since the point started")
-        ax.set_ylabel("request (by start)")
-        ax.grid(alpha=0.3, axis="x")
     axes[0][0].legend(fontsize=7, loc="lower right")
+    return to_svg(fig)
+
+
+def draw_timeline(ax, records: list[dict]) -> None:
+    """One point's requests on `ax`, a bar each from sent to last byte, the wait for the first token
+    darker (the timeline plot's, and the server-metrics plot's left panel)."""
+    recs = sorted(
+        (r for r in records if r.get("ttft") is not None and r.get("e2e") is not None),
+        key=lambda r: r.get("start") or 0.0,
+    )
+    y = np.arange(len(recs))
+    starts = np.array([r.get("start") or 0.0 for r in recs])
+    ttft = np.array([r["ttft"] for r in recs])
+    e2e = np.array([r["e2e"] for r in recs])
+    ax.barh(y, ttft, left=starts, height=0.8, color="C3", label="sent -> first token")
+    ax.barh(y, e2e - ttft, left=starts + ttft, height=0.8, color="C0", alpha=0.6, label="first -> last token")
+    ax.set_xlabel("seconds since the point started")
+    ax.set_ylabel("request (by start)")
+    ax.grid(alpha=0.3, axis="x")
+
+
+def quality_tradeoff(
+    names: list[str],
+    perplexity: list[float | None],
+    panels: list[tuple[str, list[float | None], list[bool]]],
+) -> str:
+    """Perplexity (lower is better) against each panel's x (its label, a value per config, and which
+    configs are on that panel's Pareto front): one labelled marker per config, the front stepped."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (xlabel, xs, front) in zip(axes[0], panels):
+        drawn = [(x, y, n, f) for x, y, n, f in zip(xs, perplexity, names, front) if x and y is not None]
+        for i, (x, y, name, on) in enumerate(drawn):
+            ax.plot([x], [y], marker="o" if on else "x", ls="none", color=f"C{i % 10}", ms=8, label=name)
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        edge = sorted((x, y) for x, y, _, on in drawn if on)
+        if len(edge) > 1:
+            ax.step(*zip(*edge), where="post", color="black", lw=1, alpha=0.6, label="Pareto front")
+        ax.set_xlabel(xlabel.replace("$", r"\$"))  # a dollar sign is no mathtext here
+        ax.set_ylabel("perplexity (lower is better)")
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7)
     return to_svg(fig)

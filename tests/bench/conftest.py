@@ -56,18 +56,30 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
     released: threading.Event  # set when the endpoint shuts down: a stalled reply then ends
 
     def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
-        if self.path != "/v1/models":
+        page = self.endpoint.metrics
+        if self.path == "/metrics" and page is not None:  # a Prometheus page, when the test gives one
+            body, kind = page().encode(), "text/plain; version=0.0.4"
+        elif self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+            kind = "application/json"
+        else:
             self.send_error(404)
             return
-        body = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
         self.send_response(200)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
     def do_POST(self) -> None:  # noqa: N802
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":  # kept apart too
+            if not self.endpoint.tokenize:
+                self.send_error(404)
+                return
+            self.endpoint.tokenized.append(request)
+            tokenized(self, request)
+            return
         if self.path == "/reset_prefix_cache":  # kept apart: `seen` holds completion requests only
             self.endpoint.resets.append(self.headers.get("Authorization"))
             self.send_response(self.endpoint.reset_status)
@@ -93,7 +105,8 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
             choice = {"index": 0, "delta": {"content": "word "}} if chat else {"index": 0, "text": "word "}
             self.wfile.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
         usage = {"prompt_tokens": 10, "completion_tokens": request["max_tokens"]}
-        self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
+        if self.endpoint.usage:
+            self.wfile.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, *args) -> None:
@@ -109,7 +122,20 @@ def whole(handler: ScriptedOpenAI, request: dict, chat: bool) -> None:
         else {"index": 0, "text": text}
     )
     usage = {"prompt_tokens": 10, "completion_tokens": request["max_tokens"]}
-    body = json.dumps({"choices": [choice], "usage": usage}).encode()
+    body = json.dumps({"choices": [choice], **({"usage": usage} if handler.endpoint.usage else {})}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def tokenized(handler: ScriptedOpenAI, request: dict) -> None:
+    """/tokenize in vLLM's shape, 3 tokens a word (of the prompt, or of every message's content), so
+    that a test tells its counts from a word tokenizer's."""
+    text = request.get("prompt") or " ".join(m["content"] for m in request.get("messages", []))
+    tokens = list(range(3 * len(text.split())))
+    body = json.dumps({"count": len(tokens), "max_model_len": 2048, "tokens": tokens}).encode()
     handler.send_response(200)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))
@@ -184,6 +210,10 @@ class Endpoint:
     replies: list[Reply] = field(default_factory=list)  # scripted answers to the next requests
     resets: list[str | None] = field(default_factory=list)  # each /reset_prefix_cache call's Authorization
     reset_status: int = 404  # what /reset_prefix_cache answers (404: no such route, as on most servers)
+    metrics: Callable[[], str] | None = None  # GET /metrics answers this page (None: 404, as most servers)
+    usage: bool = True  # False: answers carry no `usage`, as some servers' do not
+    tokenize: bool = False  # True: POST /tokenize counts (see `tokenized`); False: 404, as most servers
+    tokenized: list[dict] = field(default_factory=list)  # the body of every /tokenize call
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ def test_every_shipped_recipe_is_a_valid_config(path):
     config.validate()
     assert config.recipe == str(path)
     assert config.servers and all(s.name and s.args for s in config.servers)
-    assert (config.concurrencies or config.sessions) and config.load_points()
+    assert (config.concurrencies or config.sessions or config.request_rates) and config.load_points()
     assert all(isinstance(n, int) for n in config.prompt_lens + config.output_lens)
 
 

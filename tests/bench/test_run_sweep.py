@@ -18,6 +18,9 @@ POINT_FIELDS = {
     *("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "errors", "slo", "goodput", "slo_attainment", "key"),
     *("server", "model", "endpoint", "prompt_len", "output_len", "load", "concurrency", "request_rate"),
     *("server_args", "stopped_early", "sessions", "session_rate", "stream", "prefix_cache_reset", "warnings"),
+    "server_metrics",
+    *("token_source", "replay_speed"),
+    *("client", "client_limited"),
 }
 
 

@@ -1,7 +1,8 @@
-"""Workloads: prompts of an exact token length (random), shared-prefix sets, copy-heavy sets, and
-prompts from JSONL or ShareGPT files; and multi-turn sessions: synthetic chats (multi-turn), agent loops
-with tools (agent), and conversations from a file. Lengths are measured with the model's tokenizer (the
-bundled one by default). `WORKLOADS` names them as a recipe's `kind` and `--workload` do."""
+"""Workloads: prompts of an exact token length (random), shared-prefix sets, copy-heavy sets, prompts
+from JSONL or ShareGPT files, and a trace's requests (replay); and multi-turn sessions: synthetic chats
+(multi-turn), agent loops with tools (agent), and conversations from a file. Lengths are measured with
+the model's tokenizer (the bundled one by default). `WORKLOADS` names them as a recipe's `kind` and
+`--workload` do."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import TYPE_CHECKING
 
 from llmopt.bench.client import BenchRequest
 from llmopt.bench.conversation import Conversation
+from llmopt.bench.trace import read_trace
 from llmopt.bench.workload.agent import agent_conversations
 from llmopt.bench.workload.conversation_file import file_conversations
 from llmopt.bench.workload.copy import copy_heavy_prompts
 from llmopt.bench.workload.file import file_prompts
 from llmopt.bench.workload.multi_turn import multi_turn_conversations
 from llmopt.bench.workload.random import random_prompts
+from llmopt.bench.workload.replay import replay_prompts
 from llmopt.bench.workload.shared_prefix import shared_prefix_prompts
 from llmopt.bench.workload.text import corpus_token_ids, count_tokens, text_of_length
 
@@ -36,6 +39,7 @@ __all__ = [
     "make_requests",
     "multi_turn_conversations",
     "random_prompts",
+    "replay_prompts",
     "shared_prefix_prompts",
     "text_of_length",
 ]
@@ -54,6 +58,10 @@ BUILDERS: dict[str, Builder] = {
         tok, n, pl, ol, seed, config.prompt_len_spread
     ),
     "file": lambda config, tok, n, pl, ol, seed: file_prompts(Path(config.dataset), tok, ol, n),
+    # A trace's own lengths, not the prompt and output length axes; its times are the point's arrivals.
+    "replay": lambda config, tok, n, pl, ol, seed: replay_prompts(
+        tok, read_trace(Path(config.trace)), config.trace_block_size, seed, n
+    ),
 }
 
 # (config, tokenizer, number of sessions, turn length, output length, seed) -> sessions

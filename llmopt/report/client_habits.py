@@ -1,0 +1,84 @@
+"""The report's client-habits section: for each habit of a run (a recipe's [[habit]], bench/habit.py),
+what its one change did to TTFT, E2E and throughput against the baseline point of the same run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmopt.report.data import Run
+from llmopt.report.format import fmt
+
+HEADERS = [
+    "server",
+    "in (tokens)",
+    "out (tokens)",
+    "baseline load",
+    "setting",
+    "baseline",
+    "habit",
+    "Δ TTFT p50 (%)",
+    "Δ TTFT p99 (%)",
+    "Δ E2E p50 (%)",
+    "Δ output tok/s (%)",
+]
+# (summary field, statistic or None, whether higher is better) of each Δ column, in HEADERS' order.
+DELTAS = [("ttft_ms", "median", False), ("ttft_ms", "p99", False), ("e2e_ms", "median", False)]
+DELTAS.append(("output_throughput", None, True))
+
+
+@dataclass
+class Cell:
+    text: str
+    cls: str = ""  # "better" or "worse" for a change, "" otherwise
+
+
+@dataclass
+class HabitTable:
+    run: str
+    habit: str
+    rows: list[list[Cell]]
+
+
+def value(point: dict, field: str, stat: str | None) -> float | None:
+    return (point.get(field) or {}).get(stat) if stat else point.get(field)
+
+
+def change(habit: dict, base: dict, field: str, stat: str | None, higher_is_better: bool) -> Cell:
+    """The habit point's `field` against the baseline's, in %: green where it is better."""
+    new, old = value(habit, field, stat), value(base, field, stat)
+    if new is None or not old:
+        return Cell("-")
+    percent = (new - old) / old * 100
+    better = percent > 0 if higher_is_better else percent < 0
+    return Cell(f"{percent:+.1f}", "better" if better else "worse" if percent else "")
+
+
+def setting_text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return fmt(value, 2) if isinstance(value, float) else str(value)
+
+
+def habit_rows(point: dict, base: dict) -> list[list[Cell]]:
+    """One row per setting the habit changed (the Δ columns on the first)."""
+    deltas = [change(point, base, *d) for d in DELTAS]
+    rows = []
+    for i, (setting, (before, after)) in enumerate(point.get("habit_changes", {}).items()):
+        where = [base["server"], str(base["prompt_len"]), str(base["output_len"]), base["load"]]
+        cells = [Cell(text) for text in (*where, setting, setting_text(before), setting_text(after))]
+        rows.append(cells + (deltas if i == 0 else [Cell("") for _ in deltas]))
+    return rows
+
+
+def habit_tables(runs: list[Run]) -> list[HabitTable]:
+    """A table per habit of each run, a row per baseline point it was compared with."""
+    tables = []
+    for run in runs:
+        by_key = {p["key"]: p for p in run.points}
+        by_habit: dict[str, list[list[Cell]]] = {}
+        for p in run.points:
+            base = by_key.get(p.get("baseline_key"))
+            if p.get("habit") and base is not None:
+                by_habit.setdefault(p["habit"], []).extend(habit_rows(p, base))
+        tables += [HabitTable(run.name, habit, rows) for habit, rows in by_habit.items()]
+    return tables

@@ -1,0 +1,76 @@
+"""The report's server-metrics section: a table row per sampled point and, for the busiest points, the
+server's series over time beside the client's timeline; rendered in headless Chromium. Synthetic run
+folders with known samples: no model, no server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmopt.bench.rundir import RunDir
+from llmopt.report.data import load_run
+from llmopt.report.html import write_report
+from llmopt.report.server_metrics import HEADERS, chosen_points, server_metric_rows
+from tests.report.browser import needs_chromium, render
+from tests.run_folders import FakePoint, write_run
+
+SUMMARY = {
+    "samples": 6,
+    "running_mean": 2.5,
+    "running_max": 4,
+    "waiting_mean": 0.5,
+    "waiting_max": 3,
+    "kv_usage_mean": 0.4,
+    "kv_usage_max": 0.75,
+    "prefix_hit_rate": 0.25,
+    "spec_acceptance": None,
+}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    points = [
+        FakePoint(8, 0.1, 2.0, extra={"server_metrics": SUMMARY}),
+        FakePoint(8, 0.1, 2.0, concurrency=4),
+    ]
+    path = write_run(tmp_path_factory.mktemp("sm") / "sampled", points)
+    key = points[0].key
+    samples = [
+        {"point": key, "run": 0, "t": 0.5 * i, "running": i % 5, "waiting": max(0, i - 3), "kv_usage": i / 8}
+        for i in range(6)
+    ]
+    for s in samples[1:]:
+        s["prefix_hit_rate"] = 0.25
+    RunDir(path).append_server_metrics(samples + [{**samples[0], "run": 1}])  # a second run: not drawn
+    return path
+
+
+def test_a_row_per_sampled_point(run_dir):
+    [row] = server_metric_rows(load_run(run_dir))  # the second point has no samples: no row
+    cells = dict(zip(HEADERS, row))
+    assert cells["load"] == "concurrency=1" and cells["samples"] == "6"
+    assert (cells["running mean (requests)"], cells["running max (requests)"]) == ("2.5", "4")
+    assert cells["waiting max (requests)"] == "3" and cells["KV cache used max (%)"] == "75.0"
+    assert cells["prefix-cache hit rate (%)"] == "25.0" and cells["spec acceptance (%)"] == "-"
+
+
+def test_the_busiest_sampled_point_is_drawn_with_its_first_runs_samples(run_dir):
+    [(_, point, samples)] = chosen_points([load_run(run_dir)], 4)
+    assert point["load"] == "concurrency=1" and len(samples) == 6  # the busier point has no samples
+
+
+def test_the_report_shows_the_section_only_where_the_server_was_sampled(run_dir, tmp_path):
+    html = write_report([run_dir], tmp_path / "r.html").read_text()
+    assert "<h2>Server metrics during each point</h2>" in html
+    assert 'alt="server metrics over time beside the client' in html
+    plain = write_run(tmp_path / "plain", [FakePoint(5)])
+    assert "Server metrics during" not in write_report([plain], tmp_path / "p.html").read_text()
+
+
+@needs_chromium
+def test_the_server_metrics_report_renders_in_headless_chromium(run_dir, tmp_path):
+    page = render(write_report([run_dir], tmp_path / "report.html"))
+    assert page.errors == [] and all(url.startswith(("file:", "data:")) for url in page.requests)
+    assert all(ok for _, ok in page.images), page.images
+    assert any(alt.startswith("server metrics over time") for alt, _ in page.images)
