@@ -35,8 +35,8 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -q
 
-# No model weights, no server, nothing built or installed (the wheel test): the block manager, scheduler,
-# sampler, protocol, bench, cost, report data.
+# No model weights, no server, no CLI process or browser, nothing built (tests over half a second are
+# marked slow): the block manager, scheduler, sampler, protocol, bench against stubs, cost, report data.
 test-fast: install lint
 	$(BIN)/python -m pytest -q -m 'not model and not slow'
 

@@ -62,6 +62,7 @@ def test_flags_override_the_recipe_and_a_tokenizer_folder_is_enough(openai_endpo
     assert [path for path, _ in openai_endpoint.seen] == ["/v1/completions"] * 3
 
 
+@pytest.mark.slow
 def test_a_bad_recipe_is_one_error_line(tmp_path):
     recipe = tmp_path / "bad.toml"
     recipe.write_text("[load]\nconcurency = [1]\n")
@@ -71,6 +72,7 @@ def test_a_bad_recipe_is_one_error_line(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["bad.toml"]  # no run folder made
 
 
+@pytest.mark.slow
 def test_an_error_quotes_recipe_tables_verbatim(tmp_path):
     result = bench("--results-dir", str(tmp_path))  # neither an endpoint nor a recipe
     assert result.returncode == 1

@@ -44,6 +44,7 @@ def test_the_recipe_runs_one_baseline_and_one_point_per_habit():
     ]
 
 
+@pytest.mark.slow
 def test_each_habit_point_runs_with_its_one_change(openai_endpoint, tokenizer, tmp_path, monkeypatch):
     reuse = []
     session = runner.client_session
@@ -70,6 +71,7 @@ def test_each_habit_point_runs_with_its_one_change(openai_endpoint, tokenizer, t
     assert len(set(lengths[:6])) == 1 and len(set(lengths[12:18])) > 1  # uniform, then spread
 
 
+@pytest.mark.slow
 def test_arrival_habits_skip_closed_loop_points_and_resume_knows_habit_points(
     openai_endpoint, tokenizer, tmp_path
 ):

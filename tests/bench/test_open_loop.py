@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
 from llmopt.bench.runner import LoadPoint, client_session, run_point
@@ -30,6 +32,7 @@ def test_constant_arrivals_are_evenly_spaced(openai_endpoint):
         assert abs(start - i / 20) < 0.05, (i, start)  # a send is due every 50 ms
 
 
+@pytest.mark.slow
 def test_poisson_arrivals_are_not_evenly_spaced(openai_endpoint):
     result = run(openai_endpoint, LoadPoint(request_rate=40, arrival="poisson", num_requests=40, seed=3), 40)
     starts = sorted(r.start for r in result.records)
@@ -38,6 +41,7 @@ def test_poisson_arrivals_are_not_evenly_spaced(openai_endpoint):
     assert 0.5 < starts[-1] / (39 / 40) < 2.0  # ... around the asked rate
 
 
+@pytest.mark.slow
 def test_the_concurrency_cap_holds_for_an_open_loop(openai_endpoint):
     openai_endpoint.replies.extend(stall(gap_s=0.2, chunks=1, then_stop=False) for _ in range(8))
     point = LoadPoint(request_rate=200, arrival="constant", max_concurrency=2, num_requests=8)
@@ -54,6 +58,7 @@ def test_max_seconds_stops_sending(openai_endpoint):
     assert 4 <= len(result.records) <= 6 and result.wall_s < 2
 
 
+@pytest.mark.slow
 def test_no_measured_request_shares_a_prompt_with_the_warm_up(openai_endpoint, tokenizer_dir, tmp_path):
     config = BenchConfig(
         endpoint=openai_endpoint.url,

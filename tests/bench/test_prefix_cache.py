@@ -67,6 +67,7 @@ def test_no_reset_when_told_not_to_and_the_warm_up_of_a_file_is_warned_about(
     )
 
 
+@pytest.mark.slow
 def test_synthetic_workloads_need_no_warning(openai_endpoint, tokenizer, tmp_path):
     config = BenchConfig(endpoint=openai_endpoint.url, prompt_lens=[8], output_lens=[2], concurrencies=[1, 2])
     config.num_requests = 2

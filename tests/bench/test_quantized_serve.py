@@ -157,6 +157,7 @@ warmup = 0
 """
 
 
+@pytest.mark.slow
 def test_a_sweep_quantizes_serves_and_records_each_config(
     fake_quantize, openai_endpoint, tokenizer_dir, tmp_path, monkeypatch
 ):

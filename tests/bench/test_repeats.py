@@ -44,6 +44,7 @@ def test_repeat_stats_cover_the_headline_metrics_every_run_has():
     assert throughput["ci95"][0] <= 2.0 <= throughput["ci95"][1]
 
 
+@pytest.mark.slow
 def test_a_point_runs_num_runs_times_with_fresh_prompts(openai_endpoint, tokenizer, tmp_path):
     config = BenchConfig(
         endpoint=openai_endpoint.url,
@@ -68,6 +69,7 @@ def test_a_point_runs_num_runs_times_with_fresh_prompts(openai_endpoint, tokeniz
     assert write_report([run.path], tmp_path / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_a_repeated_multi_turn_point_numbers_its_sessions_apart(openai_endpoint, tokenizer, tmp_path):
     config = BenchConfig(
         endpoint=openai_endpoint.url,

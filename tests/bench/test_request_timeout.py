@@ -24,6 +24,7 @@ def config_for(endpoint: str, **kw) -> BenchConfig:
     return BenchConfig(endpoint=endpoint, **{**settings, **kw})
 
 
+@pytest.mark.slow
 def test_a_stalled_stream_fails_its_request_after_the_timeout(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.append(stall())  # one chunk, then silence
     started = time.perf_counter()
@@ -37,6 +38,7 @@ def test_a_stalled_stream_fails_its_request_after_the_timeout(openai_endpoint, t
     assert RunDir(tmp_path / "r").read_summary()["settings"]["config"]["request_timeout"] == 0.5
 
 
+@pytest.mark.slow
 def test_a_slow_steady_stream_is_no_timeout(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.append(stall(gap_s=0.2, chunks=6, then_stop=False))  # 1.2 s in all
     config = config_for(openai_endpoint.url, request_timeout=0.6, num_requests=1)

@@ -34,6 +34,7 @@ def config_for(endpoint: str, **kw) -> BenchConfig:
     return BenchConfig(endpoint=endpoint, warmup=1, slo="ttft=5s", **{**settings, **kw})
 
 
+@pytest.mark.slow
 def test_every_point_of_the_matrix_runs_and_is_summarized(openai_endpoint, tokenizer, tmp_path):
     started, done = [], []
     config = config_for(openai_endpoint.url)
@@ -59,6 +60,7 @@ def test_every_point_of_the_matrix_runs_and_is_summarized(openai_endpoint, token
     assert len(prompts) == 4 * 3 and len(set(prompts)) == len(prompts)
 
 
+@pytest.mark.slow
 def test_resume_runs_only_the_points_not_done(openai_endpoint, tokenizer, tmp_path):
     config = config_for(openai_endpoint.url)
     first = run_sweep(config, tmp_path / "r", False, tokenizer)

@@ -89,6 +89,7 @@ def search_config(endpoint: str) -> BenchConfig:
     )
 
 
+@pytest.mark.slow
 def test_the_search_finds_the_load_where_latency_rises(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.extend([Slots()] * 400)
     points = run_sweep(search_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)

@@ -34,6 +34,7 @@ def small(**kw) -> BenchConfig:
     return BenchConfig(prompt_lens=[8], output_lens=[2], num_requests=3, warmup=0, slo="ttft=5s", **kw)
 
 
+@pytest.mark.slow
 def test_the_benchs_key_is_sent_but_written_nowhere(openai_endpoint, tokenizer, tmp_path):
     # A server that echoes the key it refuses, as some do in their error messages.
     openai_endpoint.replies.append(answer(401, json.dumps({"error": {"message": f"bad key {SECRET}"}})))
@@ -69,6 +70,7 @@ class FakeServer:
         return 0
 
 
+@pytest.mark.slow
 def test_a_local_servers_key_goes_in_its_environment_not_its_command_line(
     openai_endpoint, tokenizer, tmp_path, monkeypatch
 ):

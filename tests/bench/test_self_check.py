@@ -8,6 +8,7 @@ import csv
 import io
 import time
 
+import pytest
 from rich.console import Console
 
 from llmopt.bench.client import BenchRequest, Target
@@ -36,6 +37,7 @@ async def blocked_loop(seconds: float, spin: bool) -> ClientLoad:
     return check.stop()
 
 
+@pytest.mark.slow
 def test_a_blocked_loop_is_client_limited_and_says_why():
     load = asyncio.run(blocked_loop(0.4, spin=True))
     assert load.wall_s >= 0.4 and load.lag_s and max(load.lag_s) > 0.015

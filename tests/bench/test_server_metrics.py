@@ -73,6 +73,7 @@ def test_read_sample_takes_llmopt_names_then_vllms():
     assert read_sample(parse_metrics("process_cpu_seconds_total 4\n"), 0) is None  # no engine's page
 
 
+@pytest.mark.slow
 def test_each_point_samples_the_servers_metrics_page(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.metrics = ChangingPage()
     [point] = run_sweep(rate_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
@@ -95,6 +96,7 @@ def test_each_point_samples_the_servers_metrics_page(openai_endpoint, tokenizer,
     assert summary["waiting_max"] == 2 * summary["running_max"]
 
 
+@pytest.mark.slow
 def test_no_page_or_interval_zero_samples_nothing(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(rate_config(openai_endpoint.url), tmp_path / "none", False, tokenizer)
     assert point["server_metrics"] is None and point["successful"] == 10  # quietly: no page, no samples
@@ -118,6 +120,7 @@ def test_resume_keeps_only_the_samples_of_finished_points(tmp_path):
     assert run.read_server_metrics() == [{"point": "a", "t": 0.0, "running": 1}]
 
 
+@pytest.mark.slow
 def test_a_bad_interval_is_refused():
     with pytest.raises(BenchError, match="--metrics-interval"):
         BenchConfig(endpoint="http://127.0.0.1:1/v1", metrics_interval=-1).validate()

@@ -71,6 +71,7 @@ def test_each_turn_replays_the_whole_history_with_the_answers(openai_endpoint, t
     assert len(set(users)) == 12  # every turn's text is its own
 
 
+@pytest.mark.slow
 def test_sessions_are_the_unit_of_concurrency_and_turns_go_one_at_a_time(
     openai_endpoint, tokenizer, tmp_path
 ):
@@ -103,6 +104,7 @@ def test_a_failed_turn_ends_its_session_only(openai_endpoint, tokenizer, tmp_pat
     assert failed["turn"] == 0 and [r for r in records if r["session"] == failed["session"]] == [failed]
 
 
+@pytest.mark.slow
 def test_per_turn_and_per_session_figures_reach_the_summaries(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(sessions_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
     assert [t["turn"] for t in point["turns"]] == [0, 1, 2]

@@ -53,6 +53,7 @@ def test_a_ramp_up_rises_linearly_then_holds_the_rate():
     assert ramped(5.0, 0.0) == 5.0
 
 
+@pytest.mark.slow
 def test_a_ramp_up_delays_an_open_loops_first_sends(openai_endpoint):
     target = Target(openai_endpoint.url, "scripted", api="completions")
     point = LoadPoint(request_rate=20, arrival="constant", ramp_up_s=1.0, num_requests=12)

@@ -116,6 +116,7 @@ def test_shares_split_the_load_exactly():
     assert [s.point.max_concurrency for s in opened] == [2, 1]
 
 
+@pytest.mark.slow
 def test_workers_send_every_request_once_at_the_points_concurrency(counting_stub):
     result = run(counting_stub, LoadPoint(concurrency=4, num_requests=24, workers=2), 24)
     assert result.workers == 2 and len(result.client) == 2
@@ -130,6 +131,7 @@ def test_workers_send_every_request_once_at_the_points_concurrency(counting_stub
     assert result.wall_s < 24 / 4 * 0.05 * 3  # six rounds of 50 ms, not one worker doing it all
 
 
+@pytest.mark.slow
 def test_an_open_loop_split_over_workers_keeps_the_schedule(counting_stub):
     counting_stub.delay_s = 0.01
     point = LoadPoint(request_rate=40, arrival="poisson", num_requests=20, seed=5, workers=3)
@@ -140,6 +142,7 @@ def test_an_open_loop_split_over_workers_keeps_the_schedule(counting_stub):
         assert abs(r.start - due[r.index]) < 0.03, (r.index, r.start, due[r.index])
 
 
+@pytest.mark.slow
 def test_the_error_rate_stop_reaches_every_worker(counting_stub):
     counting_stub.status, counting_stub.delay_s = 500, 0.02
     point = LoadPoint(concurrency=2, num_requests=200, workers=2, max_error_rate=0.5)
@@ -204,6 +207,7 @@ def conversations(n: int, turns: int) -> list[Conversation]:
     ]
 
 
+@pytest.mark.slow
 def test_sessions_split_over_workers_replay_their_own_history(openai_endpoint):
     target = Target(openai_endpoint.url, "scripted")
     point = LoadPoint(sessions=4, workers=2)
@@ -224,6 +228,7 @@ def test_sessions_split_over_workers_replay_their_own_history(openai_endpoint):
         assert len({m["content"][:9] for m in messages if m["role"] == "user"}) == 1  # one session's turns
 
 
+@pytest.mark.slow
 def test_a_session_rate_split_over_workers_keeps_the_schedule(openai_endpoint):
     target = Target(openai_endpoint.url, "scripted")
     point = LoadPoint(session_rate=20, arrival="constant", workers=2)
@@ -248,6 +253,7 @@ class CannotStart:
         return 0
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_is_a_clear_error_not_a_hang(counting_stub):
     target = Target(counting_stub.url, "stub", api="completions")
     point = LoadPoint(concurrency=2, num_requests=4, workers=2)

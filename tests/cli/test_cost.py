@@ -50,6 +50,7 @@ def text(output: str) -> str:
     return " ".join(output.split())
 
 
+@pytest.mark.slow
 def test_list_prints_every_pricing_model_with_its_date():
     result = cost("--list")
     assert result.returncode == 0, result.stderr
@@ -61,6 +62,7 @@ def test_list_prints_every_pricing_model_with_its_date():
     assert terms in row(result.stdout, "oxlo/pro")
 
 
+@pytest.mark.slow
 def test_a_conversation_priced_across_providers_with_the_answer():
     result = cost("--prompt-tokens", "2000", "--output-tokens", "300", "--turns", "10", "--requests", "100")
     assert result.returncode == 0, result.stderr
@@ -80,6 +82,7 @@ def test_a_conversation_priced_across_providers_with_the_answer():
     assert "never within its caps (7 turns)" in break_even
 
 
+@pytest.mark.slow
 def test_a_cached_share_lowers_a_cached_price_only():
     plain = cost("--prompt-tokens", "10000", "--output-tokens", "100", "--requests", "1000")
     cached = cost(
@@ -104,6 +107,7 @@ def test_a_cached_share_lowers_a_cached_price_only():
         (("--prompt-tokens", "1", "--output-tokens", "1", "--turns", "0"), "--turns"),
     ],
 )
+@pytest.mark.slow
 def test_bad_options_are_one_line_errors(args, message):
     result = cost(*args)
     assert result.returncode == 1 and message in result.stderr and "Traceback" not in result.stderr
@@ -131,6 +135,7 @@ per_hour = 36
 """
 
 
+@pytest.mark.slow
 def test_a_run_is_priced_request_by_request(tmp_path: Path):
     prices = tmp_path / "prices.toml"
     prices.write_text(PRICES)
@@ -148,6 +153,7 @@ def test_a_run_is_priced_request_by_request(tmp_path: Path):
     assert "tok is the cheapest that serves every request: $0.001000 per request, 5.0x less than gpu" in out
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_is_priced_per_conversation(tmp_path: Path):
     prices = tmp_path / "prices.toml"
     prices.write_text(PRICES)
@@ -165,6 +171,7 @@ def test_a_multi_turn_run_is_priced_per_conversation(tmp_path: Path):
     assert "no SLO" in text(out)
 
 
+@pytest.mark.slow
 def test_a_folder_that_is_no_run(tmp_path: Path):
     result = cost("--run", str(tmp_path))
     assert result.returncode == 1 and "is not a bench run" in result.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import llmopt
 
 
@@ -12,6 +14,7 @@ def test_generate_prints_the_answer_and_speed(model_dir):
     assert "tok/s" in result.stderr
 
 
+@pytest.mark.slow
 def test_generate_with_a_bad_model_is_one_line():
     result = llmopt("generate", "hi", "--model", "/no/such/model")
     assert result.returncode == 1
@@ -19,6 +22,7 @@ def test_generate_with_a_bad_model_is_one_line():
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_generate_with_bad_sampling_is_one_line():
     result = llmopt("generate", "hi", "--max-tokens", "0")
     assert result.returncode == 1 and "max_tokens must be at least 1" in result.stderr

@@ -115,6 +115,7 @@ def test_building_the_kernels_leaves_path_as_it_was():
 
 
 @pytest.mark.parametrize("required", [False, True])
+@pytest.mark.slow
 def test_a_failed_build_is_an_error_only_when_kernels_are_required(tmp_path, required):
     # A compiler that always fails, and an empty build cache, so the build really runs.
     env = {**os.environ, "CXX": "/bin/false", "LLMOPT_CACHE": str(tmp_path)}

@@ -197,6 +197,7 @@ BOUND = 20.5
 
 
 @pytest.mark.parametrize("draft_probs", [None, torch.tensor([[0.05, 0.05, 0.1, 0.5, 0.2, 0.1]])])
+@pytest.mark.slow
 def test_rejection_sampling_follows_the_target_distribution(draft_probs):
     assert chi_square(first_token_frequencies(verify, draft_probs)) < BOUND
     assert chi_square(first_token_frequencies(wrong_verify, draft_probs)) > BOUND

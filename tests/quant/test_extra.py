@@ -42,6 +42,7 @@ def assert_one_line_naming_the_extra(result: subprocess.CompletedProcess, packag
 
 
 @pytest.mark.parametrize("package", ["llmcompressor", "datasets"])
+@pytest.mark.slow
 def test_quantize_without_the_extra_is_one_line_naming_it(tmp_path: Path, package: str):
     model = tmp_path / "model"
     model.mkdir()

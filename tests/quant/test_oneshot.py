@@ -22,6 +22,7 @@ class FakeTokenizer:
 
 
 @pytest.mark.parametrize("fails", [False, True])
+@pytest.mark.slow
 def test_awq_skips_pinning_for_the_oneshot_call_only(tmp_path: Path, monkeypatch, fails: bool):
     import llmcompressor
     import torch

@@ -66,6 +66,7 @@ def test_gptq_and_awq_checkpoints(gptq_dir, awq_dir):
         (("--model", "/no/such/model"), "model not found"),
     ],
 )
+@pytest.mark.slow
 def test_bad_arguments_fail_in_one_line_before_any_work(tmp_path, args, message):
     args = list(args)
     if args[0] == "--model":

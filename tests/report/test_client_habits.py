@@ -51,6 +51,7 @@ def test_a_table_per_habit_against_its_baseline(run_dir):
     assert cells["Δ output tok/s (%)"].text == "+25.0" and cells["Δ output tok/s (%)"].cls == "better"
 
 
+@pytest.mark.slow
 def test_the_report_has_the_section_only_for_a_run_with_habits(run_dir, tmp_path):
     html = write_report([run_dir], tmp_path / "r.html").read_text()
     assert "<h2>Client habits</h2>" in html and "habits: bursty" in html and "+100.0" in html
@@ -65,6 +66,7 @@ def test_the_headline_leaves_habit_points_out(run_dir):
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_the_habits_report_renders_in_headless_chromium(run_dir, tmp_path):
     page = render(write_report([run_dir], tmp_path / "report.html"))
     assert page.errors == [] and all(url.startswith(("file:", "data:")) for url in page.requests)

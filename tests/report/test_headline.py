@@ -29,6 +29,7 @@ def run_dirs(tmp_path_factory) -> list[Path]:
     return [single, agent]
 
 
+@pytest.mark.slow
 def test_the_headline_answers_first(run_dirs, tmp_path):
     [sweep, agent] = headlines([load_run(d) for d in run_dirs], [])
     assert sweep.best == "50.0 at concurrency=16"  # 20 * 10 output tokens in 4 s
@@ -48,6 +49,7 @@ def test_units_in_the_report_headers():
     )
 
 
+@pytest.mark.slow
 def test_the_cost_section_prices_conversations(run_dirs, tmp_path):
     html = write_report(run_dirs, tmp_path / "r.html").read_text()
     assert "agent / local: 24 requests in 4 conversations" in html
@@ -60,6 +62,7 @@ def test_the_cost_section_prices_conversations(run_dirs, tmp_path):
 
 # CI sets LLMOPT_REQUIRE_BROWSER: there a missing browser fails the test instead of skipping it.
 @needs_chromium
+@pytest.mark.slow
 def test_the_report_renders_in_headless_chromium(run_dirs, tmp_path):
     page = render(write_report(run_dirs, tmp_path / "report.html"))
     assert page.errors == []

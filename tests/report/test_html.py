@@ -85,6 +85,7 @@ def test_report_overlays_runs_and_compares_them(runs, tmp_path):
     assert "Compared with the first run (first)" in html and "%)" in html
 
 
+@pytest.mark.slow
 def test_report_of_a_folder_that_is_no_run(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "llmopt.cli", "report", str(tmp_path)],

@@ -93,6 +93,7 @@ def test_the_section_says_which_quantization_to_deploy(quantized_run):
     assert svg.tag.endswith("svg") and "Pareto front" in base64.b64decode(section.figure).decode()
 
 
+@pytest.mark.slow
 def test_the_report_has_the_section_only_for_quantized_runs(quantized_run, tmp_path):
     plain = write_run(tmp_path / "plain", [FakePoint(10, 0.1, 5.0)])
     html = write_report([plain, quantized_run], tmp_path / "r.html").read_text()
@@ -105,6 +106,7 @@ def test_the_report_has_the_section_only_for_quantized_runs(quantized_run, tmp_p
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_the_section_renders_in_headless_chromium(quantized_run, tmp_path):
     page = render(write_report([quantized_run], tmp_path / "report.html"))
     assert page.errors == [] and all(ok for _, ok in page.images), page.images

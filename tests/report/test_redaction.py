@@ -3,6 +3,8 @@ key in its points' server arguments."""
 
 from __future__ import annotations
 
+import pytest
+
 from llmopt.bench.client import RequestRecord
 from llmopt.bench.metrics import summarize
 from llmopt.bench.rundir import RunDir
@@ -24,6 +26,7 @@ def old_point(args: dict) -> dict:
     return summary
 
 
+@pytest.mark.slow
 def test_a_key_in_old_server_args_is_not_in_the_report(tmp_path):
     run = RunDir(tmp_path / "old")
     run.path.mkdir()

@@ -60,6 +60,7 @@ def test_the_busiest_sampled_point_is_drawn_with_its_first_runs_samples(run_dir)
     assert point["load"] == "concurrency=1" and len(samples) == 6  # the busier point has no samples
 
 
+@pytest.mark.slow
 def test_the_report_shows_the_section_only_where_the_server_was_sampled(run_dir, tmp_path):
     html = write_report([run_dir], tmp_path / "r.html").read_text()
     assert "<h2>Server metrics during each point</h2>" in html
@@ -69,6 +70,7 @@ def test_the_report_shows_the_section_only_where_the_server_was_sampled(run_dir,
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_the_server_metrics_report_renders_in_headless_chromium(run_dir, tmp_path):
     page = render(write_report([run_dir], tmp_path / "report.html"))
     assert page.errors == [] and all(url.startswith(("file:", "data:")) for url in page.requests)

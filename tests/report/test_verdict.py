@@ -33,6 +33,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.mark.slow
 def test_a_slower_ttft_fails_the_build(runs, tmp_path):
     out = tmp_path / "r.html"
     result = report(str(runs["base"]), str(runs["slower"]), "--out", str(out), "--fail-if", "ttft_p99>+10%")
@@ -44,6 +45,7 @@ def test_a_slower_ttft_fails_the_build(runs, tmp_path):
     assert html.index("--fail-if: 1 of 1") < html.index("Run settings")
 
 
+@pytest.mark.slow
 def test_noise_does_not_fail_the_build_and_throughput_does(runs, tmp_path):
     args = [str(runs["base"]), str(runs["busier"]), "--out", str(tmp_path / "r.html")]
     ok = report(*args, "--fail-if", "ttft_p99>+10%,ttft_median>+10%")
@@ -71,6 +73,7 @@ def test_a_change_within_the_requests_noise_does_not_hold(tmp_path):
         (",", "at least one"),
     ],
 )
+@pytest.mark.slow
 def test_a_condition_it_cannot_read_is_a_usage_error(runs, tmp_path, condition, message):
     result = report(
         str(runs["base"]), str(runs["slower"]), "--out", str(tmp_path / "r.html"), "--fail-if", condition
@@ -78,6 +81,7 @@ def test_a_condition_it_cannot_read_is_a_usage_error(runs, tmp_path, condition, 
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_nothing_to_compare_is_a_usage_error(runs, tmp_path):
     result = report(str(runs["base"]), "--out", str(tmp_path / "r.html"), "--fail-if", "ttft_p99>+10%")
     assert result.returncode == 2 and "no point matched" in result.stderr
