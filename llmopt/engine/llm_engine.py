@@ -239,7 +239,8 @@ class LLMEngine:
         raws: dict[int, torch.Tensor] = {}
         errors: dict[int, Exception] = {}
         grammar_rows = sum(s.stop - s.start for seq, s in zip(seqs, samples) if seq.grammar is not None)
-        masks = BatchMask(grammar_rows, self.runner.model.config.vocab_size)
+        # Most steps have no grammar row: they allocate no bitmask.
+        masks = BatchMask(grammar_rows, self.runner.model.config.vocab_size) if grammar_rows else None
         for seq, sample in zip(seqs, samples):
             if sample.start == sample.stop or seq.params.max_tokens == 0:
                 continue
@@ -250,12 +251,13 @@ class LLMEngine:
                 if seq.params.logprobs is not None:
                     raws[id(seq)] = rows.clone()
                 apply_penalties(rows, seq)
-                if seq.grammar is not None:  # row by row through the proposals
+                if seq.grammar is not None:  # row by row through the proposals (masks: counted above)
                     masks.fill(seq.grammar, sample, seq.spec_token_ids)
                 ban_stop_tokens(rows, self.eos_token_ids, seq.params, seq.num_output_tokens)
             except Exception as exc:
                 errors[id(seq)] = exc
-        masks.apply(logits)
+        if masks is not None:
+            masks.apply(logits)
         return raws, errors
 
     def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:

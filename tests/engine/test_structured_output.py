@@ -60,7 +60,9 @@ def grammar_of(llm: LLM, output: StructuredOutput) -> SequenceGrammar:
 
 def allowed(grammar: SequenceGrammar, vocab: int, proposals: list[int]) -> list[set[int]]:
     logits = torch.zeros(len(proposals) + 1, vocab)
-    grammar.mask(logits, proposals)
+    masks = BatchMask(len(proposals) + 1, vocab)  # the engine's path: fill the rows, apply once
+    masks.fill(grammar, slice(0, len(proposals) + 1), proposals)
+    masks.apply(logits)
     return [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import torch
 import xgrammar as xgr
 
-from llmopt.engine.structured.bitmask import apply_token_bitmask
-
 
 class SequenceGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int):
@@ -18,16 +16,6 @@ class SequenceGrammar:
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
-
-    def mask(self, logits: torch.Tensor, proposals: list[int]) -> None:
-        """Set what the grammar forbids to -inf in `logits` [1 + len(proposals), vocab]: row i is the
-        grammar's state after the first i proposals, as a verification needs it. (The engine masks a
-        whole step's rows at once: structured/bitmask.py.)"""
-        rows = logits.shape[0]
-        assert rows == len(proposals) + 1, "one logits row per proposal, and one after them"
-        bitmask = xgr.allocate_token_bitmask(rows, self.vocab_size)
-        self.fill(bitmask, proposals)
-        apply_token_bitmask(logits, bitmask)
 
     def fill(self, bitmask: torch.Tensor, proposals: list[int]) -> None:
         """Fill `bitmask` [1 + len(proposals), words]: row i allows what the grammar allows after the first
