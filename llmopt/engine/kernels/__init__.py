@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 from collections.abc import Iterator
@@ -45,18 +46,38 @@ def build() -> None:
     import ninja  # the pip package, so that a fresh venv needs no system ninja
     from torch.utils.cpp_extension import load as load_extension
 
-    build_dir = cache_dir().parent / "kernels" / f"torch-{torch.__version__}"
+    # -march=native: a build is only valid on a CPU with the same instruction sets, so the folder is
+    # keyed on them (a cached AVX-512 build loaded on an AVX2 machine dies of an illegal instruction).
+    build_dir = cache_dir().parent / "kernels" / f"torch-{torch.__version__}-{cpu_flags_key()}"
     build_dir.mkdir(parents=True, exist_ok=True)
     with ninja_on_path(ninja.BIN_DIR):
         load_extension(
             name="llmopt_kernels",
-            sources=[str(CSRC / "cpu_kernels.cpp")],
+            # Every .cpp here is one extension; only cpu_kernels.cpp declares TORCH_LIBRARY(llmopt),
+            # the others add their ops with TORCH_LIBRARY_FRAGMENT(llmopt, m).
+            sources=[str(path) for path in sorted(CSRC.glob("*.cpp"))],
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=False,
         )
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's instruction-set flags as Linux reports them; empty where /proc/cpuinfo is absent."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def cpu_flags_key() -> str:
+    """A short name for the vector instruction sets the build may use."""
+    wanted = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return hashlib.sha256(" ".join(wanted).encode()).hexdigest()[:10]
 
 
 @contextlib.contextmanager
