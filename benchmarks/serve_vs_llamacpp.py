@@ -1,200 +1,88 @@
-"""`llmopt serve` against llama.cpp's own server on the same weights, one server at a time (llama.cpp's
-threads spin, so the two never run together), driven by llmopt's bench client with the same streamed
-chat requests. llama.cpp runs twice: on the bundled Q4_1 GGUF (what its users run) and on an F32 copy of
-it (exactly the fp32 weights llmopt serves). Prints a table, writes results/serve_vs_llamacpp.json.
+"""`llmopt serve` against llama.cpp's own server on the same weights: a thin script over
+recipes/engines.toml. The recipe's workload, load and rounds (streamed chat, prompt 128, output 128
+tokens, concurrency 1, 4, 16, a connection per request, two rounds) with its configs replaced by llmopt
+fp32, any --quantized llmopt checkpoint, llama.cpp on an F32 copy of the bundled GGUF (exactly the fp32
+weights llmopt serves) and llama.cpp on the bundled Q4_1 GGUF (what its users run). `llmopt bench` runs
+them as it runs the recipe: one server at a time, round 1 of every server then round 2 of every one,
+fresh prompts per round and the same for every server within one (llmopt/bench/rounds.py). Writes the
+run folder results/serve_vs_llamacpp/ (summary.json, requests, report.html) and
+results/serve_vs_llamacpp.json, and prints each server's output tok/s over llama.cpp's. The run refuses
+to start when the 1-minute load average is above 0.5 (another job would be measured too), unless
+--allow-busy.
 
-    python -m venv .peer-venv && .peer-venv/bin/pip install xllamacpp     # once
+    make peers                                   # once: llama.cpp's server (xllamacpp) in .peer-venv
     .venv/bin/python benchmarks/serve_vs_llamacpp.py [--concurrency 1,4,16] [--rounds 2]
-        [--quantized results/quantized/gptq]   # also serve a 4-bit checkpoint from `llmopt quantize`
+        [--num-requests 32] [--quantized results/quantized/gptq]   # a 4-bit checkpoint of `llmopt quantize`
 
-Fairness: the servers take turns over --rounds rounds (each round starts them in a different order, each
-from a fresh process); within a round every server gets the same requests, and every point and the
-warm-up have prompts of their own, cut from text no other prompt of the run used, so no point is served
-from a cache an earlier point or the warm-up filled. Each point keeps the round with the highest output
-tok/s (its latencies come from that round) and shows the other rounds' spread. The run refuses to start
-when the 1-minute load average is above 0.5 (another job would be measured too), unless --allow-busy.
+`llmopt bench --recipe recipes/engines.toml` runs the same comparison with vLLM in place of the F32 copy
+and the checkpoints. llama.cpp's Python: $LLMOPT_LLAMA_CPP_PYTHON, else .peer-venv in the current folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
+import shutil
 from pathlib import Path
 
 from gguf_f32 import write_f32_copy
-from harness import CorpusCursor, MachineLoad, rotated, spread, tail_latency
+from harness import MachineLoad, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.launcher import LocalServer, llmopt_serve_command
-from llmopt.bench.metrics import summarize
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.recipe import load_recipe
+from llmopt.bench.rundir import RunDir
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
-from llmopt.engines.llama_cpp import llama_cpp_command
-from llmopt.engines.options import ServeOptions
+from llmopt.cli.bench import run_bench
 from results import RESULTS, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-PEER_PYTHON = ROOT / ".peer-venv" / "bin" / "python"
-WARMUP_REQUESTS = 2
+RECIPE = ROOT / "recipes" / "engines.toml"
+RUN = RESULTS / "serve_vs_llamacpp"
+F32 = "llama.cpp-F32"
+Q4 = "llama.cpp-Q4_1"
 
 
-class ConnectionPerRequest(Target):
-    """A target whose every request asks for a connection of its own (`Connection: close`).
-
-    llama.cpp's server (xllamacpp 2026.10) may drop a kept-alive connection after a streamed answer
-    without saying so; the bench client then sends the next request on it, and that request fails
-    ("Can not write request body"; it is never re-sent). A new loopback connection costs well under a
-    millisecond against answers of hundreds, and every server gets the same treatment."""
-
-    def headers(self) -> dict[str, str]:
-        return {**super().headers(), "Connection": "close"}
-
-
-def point_summary(records: list[RequestRecord], wall_s: float) -> dict:
-    summary = summarize(records, wall_s)
-    summary["ttft_tail"] = tail_latency([r.ttft for r in records if r.success and r.ttft is not None])
-    return summary
+def configs(recipe: BenchConfig, args: argparse.Namespace, f32: Path) -> list[ServerSpec]:
+    """The recipe's llmopt and llama.cpp configs, with enough slots for the highest concurrency: llmopt
+    on fp32 and on each checkpoint, llama.cpp on the F32 copy and on the Q4_1 file."""
+    [ours] = [s for s in recipe.servers if s.engine == "llmopt"]
+    [peer] = [s for s in recipe.servers if s.engine == "llama.cpp"]
+    slots = {"max-num-seqs": max(args.concurrency + [ours.args.get("max-num-seqs", 1)])}
+    ours, peer = (dataclasses.replace(s, args={**s.args, **slots}) for s in (ours, peer))
+    return [
+        dataclasses.replace(ours, name="llmopt-fp32"),
+        *[dataclasses.replace(ours, name=f"llmopt-{path.name}", model=str(path)) for path in args.quantized],
+        dataclasses.replace(peer, name=F32, model=str(f32)),
+        dataclasses.replace(peer, name=Q4),
+    ]
 
 
-def measure(
-    server_command,
-    name: str,
-    prompts: dict,
-    console: Console,
-) -> dict[int, dict]:
-    """One server from a fresh process: the warm-up, then every concurrency point on its own prompts."""
-    rows = {}
-    with LocalServer(server_command, ready_timeout_s=300) as server:
-        target = ConnectionPerRequest(endpoint=server.url + "/v1", model=name, api="chat")
-        warm = prompts["warmup"]
-        warmup = asyncio.run(run_point(target, warm, LoadPoint(concurrency=1, num_requests=len(warm))))
-        if failed := [r.error for r in warmup.records if not r.success]:
-            console.print(f"  [red]{name} warm-up: {len(failed)} failed[/red] {failed[:1]}")
-        for c, requests in prompts["points"].items():
-            result = asyncio.run(
-                run_point(target, requests, LoadPoint(concurrency=c, num_requests=len(requests)))
-            )
-            summary = point_summary(result.records, result.wall_s)
-            if summary["failed"]:  # reported, not fatal: one flaky point should not void the run
-                console.print(
-                    f"  [red]{name} c={c}: {summary['failed']} failed[/red] {summary['errors'][:1]}"
-                )
-            rows[c] = summary
-            console.print(
-                f"  c={c}: {summary['output_throughput']:.1f} tok/s, "
-                f"TTFT p50 {summary['ttft_ms']['median']:.0f} ms ({summary['successful']} requests)"
-            )
-    return rows
-
-
-def round_prompts(
-    cursor: CorpusCursor, concurrencies: list[int], args: argparse.Namespace
-) -> dict[str, list[BenchRequest] | dict[int, list[BenchRequest]]]:
-    """One round's requests: the warm-up's and each point's, all cut from unused text."""
-    return {
-        "warmup": cursor.requests(WARMUP_REQUESTS, args.prompt_len, args.output_len),
-        "points": {
-            c: cursor.requests(requests_per_point(c, args), args.prompt_len, args.output_len)
-            for c in concurrencies
-        },
-    }
-
-
-def requests_per_point(concurrency: int, args: argparse.Namespace) -> int:
-    # Enough requests for the percentiles shown, whatever the concurrency (4 at concurrency 1 made the
-    # "p99" a maximum); more at high concurrency so the batch stays full for most of the point.
-    return max(args.min_requests, args.requests_per_point * concurrency)
-
-
-def servers(args: argparse.Namespace, slots: int, console: Console) -> dict[str, tuple]:
-    """label -> (command builder, served model name)."""
-    q4 = bundled_gguf_path()
-    console.print("F32 copy of the GGUF (once) ...")
-    f32 = write_f32_copy(q4, RESULTS / "peer-models" / "SmolLM2-135M-Instruct.F32.gguf")
-
-    def peer(gguf: Path):
-        # `llmopt serve --engine llama.cpp`'s translation: slots x context per slot, served as "peer".
-        slot_len = args.prompt_len + args.output_len + 256
-        options = ServeOptions(str(gguf), max_num_seqs=slots, max_model_len=slot_len)
-        options.served_model_name = "peer"
-        python = str(args.peer_python)
-        return lambda port: llama_cpp_command(dataclasses.replace(options, port=port), python).argv
-
-    return {
-        "llmopt fp32": (
-            lambda port: llmopt_serve_command(port, ["--max-num-seqs", str(slots)]),
-            "smollm2-135m",
-        ),
-        **{
-            f"llmopt {path.name}": (
-                lambda port, path=path: llmopt_serve_command(port, [str(path), "--max-num-seqs", str(slots)]),
-                str(path),  # the served model name defaults to the model argument
-            )
-            for path in args.quantized
-        },
-        "llama.cpp F32": (peer(f32), "peer"),
-        "llama.cpp Q4_1": (peer(q4), "peer"),
-    }
-
-
-def keep_best(rounds: list[dict[int, dict]]) -> dict[int, dict]:
-    """Per point, the round with the highest output tok/s, with every round's tok/s beside it."""
-    kept = {}
-    for c in rounds[0]:
-        runs = [r[c] for r in rounds]
-        best = max(runs, key=lambda s: s["output_throughput"])
-        kept[c] = {**best, "all_output_throughput": [s["output_throughput"] for s in runs]}
-    return kept
-
-
-def print_table(
-    results: dict[str, dict[int, dict]],
-    concurrencies: list[int],
-    args: argparse.Namespace,
-    load: MachineLoad,
-    console: Console,
-) -> None:
-    title = (
-        f"streamed chat, prompt {args.prompt_len} tokens, output {args.output_len} tokens; best of "
-        f"{args.rounds} rounds (servers take turns; latencies from the kept round)"
-    )
-    table = Table(title=load.title(title), caption=load.busy)
-    columns = (
-        "concurrency",
-        "server",
-        "requests",
-        "output tok/s",
-        "rounds min-max",
-        "TTFT p50 ms",
-        "TTFT tail ms",
-        "ITL p50 ms",
-        "cached tok",
-        "÷ llama.cpp F32",
-        "÷ llama.cpp Q4_1",
-    )
-    for col in columns:
+def print_table(points: list[dict], load: MachineLoad, console: Console) -> None:
+    """Per concurrency and server: output tok/s over every round (each round's beside it), latencies,
+    the tokens each server said it served from its cache, and tok/s over llama.cpp's."""
+    table = Table(title=load.title("streamed chat, every round pooled; rounds: each round's output tok/s"))
+    table.caption = load.busy
+    columns = ["concurrency", "server", "requests", "output tok/s", "rounds", "TTFT p50 ms", "TTFT p90 ms"]
+    for col in columns + ["ITL p50 ms", "cached tok", "÷ llama.cpp F32", "÷ llama.cpp Q4_1"]:
         table.add_column(col, justify="right")
-    for c in concurrencies:
-        f32_tok_s = results["llama.cpp F32"][c]["output_throughput"]
-        q4_tok_s = results["llama.cpp Q4_1"][c]["output_throughput"]
-        for label, rows in results.items():
-            s = rows[c]
-            tail = s["ttft_tail"]
+    by = {(p["server"], p["concurrency"]): p for p in points}
+    for c in sorted({p["concurrency"] for p in points}):
+        for p in (p for p in points if p["concurrency"] == c):
+            rounds = p["repeats"]["metrics"]["output_throughput"]["values"]
+            tok_s = p["output_throughput"]
             table.add_row(
                 str(c),
-                label,
-                str(s["successful"]),
-                f"{s['output_throughput']:.1f}",
-                spread(s["all_output_throughput"]),
-                f"{s['ttft_ms']['median']:.0f}",
-                "-" if tail["ms"] is None else f"{tail['ms']:.0f} ({tail['stat']})",
-                f"{s['itl_ms']['median']:.1f}",
-                str(s["cached_tokens"]),
-                f"{s['output_throughput'] / f32_tok_s:.2f}x",
-                f"{s['output_throughput'] / q4_tok_s:.2f}x",
+                p["server"],
+                str(p["successful"]),
+                f"{tok_s:.1f}",
+                spread(rounds),
+                f"{p['ttft_ms']['median']:.0f}",
+                f"{p['ttft_ms']['p90']:.0f}",
+                f"{p['itl_ms']['median']:.1f}",
+                str(p["cached_tokens"]),
+                *(f"{tok_s / by[(peer, c)]['output_throughput']:.2f}x" for peer in (F32, Q4)),
             )
     console.print(table)
 
@@ -202,25 +90,19 @@ def print_table(
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument(
-        "--requests-per-point", type=int, default=2, help="requests per point: this x concurrency"
-    )
-    ap.add_argument("--min-requests", type=int, default=20, help="but at least this many per point")
+    ap.add_argument("--num-requests", type=int, help="requests per point and round (default: the recipe's)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds in which the servers take turns")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--quantized", type=Path, action="append", default=[], help="llmopt checkpoints to add")
-    ap.add_argument("--peer-python", type=Path, default=PEER_PYTHON, help="a Python with xllamacpp installed")
-    ap.add_argument(
-        "--allow-busy",
-        action="store_true",
-        help="run on a busy machine; the output is marked as not a result",
-    )
+    ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine, marked as no result")
     args = ap.parse_args()
+    try:
+        args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        ap.error(f"--concurrency is a list of numbers, like 1,4,16: not {args.concurrency!r}")
     if args.rounds < 2:
         ap.error("--rounds must be at least 2: the servers take turns over rounds")
-    if args.min_requests < 1 or args.requests_per_point < 1:
-        ap.error("--min-requests and --requests-per-point must be at least 1")
     return args
 
 
@@ -228,32 +110,27 @@ def main() -> None:
     args = parse_args()
     console = Console(width=170)
     load = MachineLoad.begin(console, peer_comparison=True, allow_busy=args.allow_busy)
-    if not args.peer_python.exists():
-        raise SystemExit(
-            f"llama.cpp's peer is not installed ({args.peer_python}): "
-            "python -m venv .peer-venv && .peer-venv/bin/pip install xllamacpp"
-        )
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    slots = max(concurrencies)
-    cursor = CorpusCursor(load_tokenizer(resolve_model()))
-    plan = servers(args, slots, console)
-    rounds: dict[str, list[dict[int, dict]]] = {label: [] for label in plan}
-    for round_index in range(args.rounds):
-        prompts = round_prompts(cursor, concurrencies, args)  # the same for every server of the round
-        for label in rotated(list(plan), round_index):
-            console.print(f"[{round_index + 1}/{args.rounds}] {label} ...")
-            command, model_name = plan[label]
-            rounds[label].append(measure(command, model_name, prompts, console))
-    results = {label: keep_best(runs) for label, runs in rounds.items()}
-
-    print_table(results, concurrencies, args, load, console)
-    out = {
-        "args": vars(args),
-        "kept": "per point, the round with the highest output tok/s; all_output_throughput lists every round",
-        "results": {k: {str(c): v for c, v in r.items()} for k, r in results.items()},
-        "rounds": {k: [{str(c): v for c, v in r.items()} for r in runs] for k, runs in rounds.items()},
-    }
+    recipe = load_recipe(RECIPE)
+    console.print("F32 copy of the GGUF (once) ...")
+    f32 = write_f32_copy(bundled_gguf_path(), RESULTS / "peer-models" / "SmolLM2-135M-Instruct.F32.gguf")
+    given = {"concurrencies": args.concurrency, "rounds": args.rounds, "prompt_lens": [args.prompt_len]}
+    given |= {"output_lens": [args.output_len], "recipe": str(RECIPE)}
+    if args.num_requests is not None:
+        given["num_requests"] = args.num_requests
+    config = dataclasses.replace(recipe, servers=configs(recipe, args, f32), **given)
+    try:
+        config.validate()
+        for server in config.servers:  # the peer installed, before the old run folder goes
+            server.check_engine(installed=True)
+    except BenchError as exc:
+        raise SystemExit(f"{exc}\n(llama.cpp's peer: `make peers`, or $LLMOPT_LLAMA_CPP_PYTHON)") from None
+    shutil.rmtree(RUN, ignore_errors=True)  # each run measures afresh (the recipe's own runs resume)
+    code = run_bench(config, RUN, False, load_tokenizer(resolve_model()), console)
+    points = RunDir(RUN).load_summaries()
+    print_table(points, load, console)
+    out = {"args": vars(args), "run": RUN, "points": points}
     write_result("serve_vs_llamacpp", {**out, **load.finish(console)})  # writes Paths as text
+    raise SystemExit(code)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,9 @@ class BenchConfig:
     sessions: list[int] = field(default_factory=list)
     turns: int = 4
     system_len: int = 256
+    # The agent workload's tools: "api" sends them as `tools` (text once a server refuses them); "text"
+    # writes them into the messages for every server alike, so that no engine's tool support counts.
+    agent_tools: str = "api"
     think_time: float = 0.0
     burstiness: float = 1.0  # gamma shape of Poisson arrivals (vllm bench serve's): 1 Poisson, < 1 burstier
     ramp_up: float = 0.0  # seconds over which a rate point's rate grows linearly from 0
@@ -145,6 +148,8 @@ class BenchConfig:
     search_percentile: float = 90.0
     search_tolerance: float = 0.1
     num_runs: int = 1  # each point this many times: summaries then carry each headline metric's 95 % CI
+    # Server configs take turns this many times (rounds.py): round 1 of every config, then round 2 ...
+    rounds: int = 1
     workers: int = 1  # client processes that share each point's load (workers.py), for what one cannot drive
     # The replay workload: a trace file (trace.py), its block size, and the speeds to replay it at (a
     # sweep axis, one point each: 2.0 sends twice as fast as the trace).
@@ -185,6 +190,12 @@ class BenchConfig:
             raise BenchError("--request-timeout must be a positive number of seconds")
         if self.num_runs < 1:
             raise BenchError("--num-runs must be >= 1")
+        if self.rounds < 1:
+            raise BenchError("rounds must be >= 1")
+        if self.rounds > 1 and self.goodput_search:
+            raise BenchError("rounds and --goodput-search do not mix: a search's probes follow each other")
+        if self.agent_tools not in ("api", "text"):
+            raise BenchError("the agent workload's tools are 'api' (sent as `tools`) or 'text' (in messages)")
         if self.workers < 1:
             raise BenchError("--workers must be >= 1")
         try:

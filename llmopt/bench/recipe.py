@@ -34,6 +34,7 @@ TABLES: dict[str, dict[str, str]] = {
         "prompt_len_spread": "prompt_len_spread",
         "trace": "trace",
         "trace_block_size": "trace_block_size",
+        "tools": "agent_tools",
     },
     "load": {
         "concurrency": "concurrencies",
@@ -57,6 +58,7 @@ TABLES: dict[str, dict[str, str]] = {
         "search_percentile": "search_percentile",
         "search_tolerance": "search_tolerance",
         "num_runs": "num_runs",
+        "rounds": "rounds",
         "workers": "workers",
         "metrics_interval": "metrics_interval",
         "replay_speed": "replay_speeds",

@@ -36,8 +36,9 @@ def headline_value(summary: dict, field: str, stat: str | None) -> float | None:
 
 
 def repeat_stats(runs: list[dict]) -> dict:
-    """{"runs": N, "metrics": {"ttft_ms.median": {"values", "mean", "ci95"}, ...}} of one point's runs'
-    summaries; a metric that some run lacks (no SLO, no successful request) is left out."""
+    """{"runs": N, "metrics": {"ttft_ms.median": {"values", "mean", "ci95", "spread"}, ...}} of one
+    point's runs' summaries (or its rounds', rounds.py), spread the highest value less the lowest; a
+    metric that some run lacks (no SLO, no successful request) is left out."""
     metrics = {}
     for field, stat in HEADLINE:
         values = [headline_value(run, field, stat) for run in runs]
@@ -45,5 +46,6 @@ def repeat_stats(runs: list[dict]) -> dict:
             continue
         low, high = bootstrap_ci(values)
         name = f"{field}.{stat}" if stat else field
-        metrics[name] = {"values": values, "mean": float(np.mean(values)), "ci95": [low, high]}
+        mean, spread = float(np.mean(values)), float(max(values) - min(values))
+        metrics[name] = {"values": values, "mean": mean, "ci95": [low, high], "spread": spread}
     return {"runs": len(runs), "metrics": metrics}

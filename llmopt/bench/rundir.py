@@ -7,6 +7,9 @@
     server_metrics.jsonl the server's /metrics sampled during each point (bench/server_metrics.py), one
                          JSON line per sample with its point's key and run, written as each run ends
     server-<name>.log    the output of each local server the run started
+    rounds.jsonl         runs with rounds (bench/rounds.py): one JSON line per finished round of a point,
+                         what its runs measured besides their records, so that --resume can finish the
+                         point with the rounds it already has
     report.html          the HTML report
 
 A run killed mid-write leaves at most a torn last line in requests.jsonl (or server_metrics.jsonl):
@@ -33,6 +36,7 @@ SUMMARY_JSON = "summary.json"
 SUMMARY_CSV = "summary.csv"
 TURNS_CSV = "turns.csv"
 SERVER_METRICS = "server_metrics.jsonl"
+ROUNDS = "rounds.jsonl"
 REPORT = "report.html"
 
 CSV_FIELDS = [
@@ -118,6 +122,19 @@ class RunDir:
     def read_server_metrics(self) -> list[dict]:
         return [sample for _, sample in self._lines(self.server_metrics)]
 
+    @property
+    def rounds(self) -> Path:
+        return self.path / ROUNDS
+
+    def append_round(self, entry: dict) -> None:
+        """Add one finished round of a point (a JSON object with its point's key and its runs' numbers)."""
+        with open(self.rounds, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+
+    def read_rounds(self) -> list[dict]:
+        return [entry for _, entry in self._lines(self.rounds)]
+
     def server_log(self, server: str) -> Path:
         check_server_name(server)
         return self.path / f"server-{server}.log"
@@ -160,12 +177,17 @@ class RunDir:
     def read_records(self) -> list[dict]:
         return [record for _, record in self._record_lines()]
 
-    def keep_records_of(self, keys: set[str]) -> None:
-        """On resume: drop the records (and server samples) of points that did not finish (they run again)."""
+    def keep_records_of(self, keys: set[str], runs: frozenset[tuple[str, int]] = frozenset()) -> None:
+        """On resume: drop the records (and server samples) of points that did not finish (they run
+        again), but those of `runs` ((point key, run number): the finished rounds of unfinished points)."""
+
+        def kept(record: dict) -> bool:
+            return record.get("point") in keys or (record.get("point"), record.get("run")) in runs
+
         for path in (self.records, self.server_metrics):
             if path.is_file():
-                kept = [line for line, record in self._lines(path) if record.get("point") in keys]
-                _replace(path, "".join(line + "\n" for line in kept))
+                lines = [line for line, record in self._lines(path) if kept(record)]
+                _replace(path, "".join(line + "\n" for line in lines))
 
     def _record_lines(self) -> list[tuple[str, dict]]:
         return self._lines(self.records)

@@ -42,6 +42,8 @@ class LoadPoint:
     stream: bool = True
     workers: int = 1  # client processes that share the point's load (workers.py); not part of its label
     habit: str | None = None  # a client habit's point (habit.py): its name ends the label
+    # With rounds (rounds.py): which run of the point this is; its records say so, for --resume.
+    run: int | None = None
 
     def __post_init__(self) -> None:
         loads = [self.concurrency, self.request_rate, self.sessions, self.session_rate, self.replay_speed]
@@ -132,7 +134,8 @@ class Collector:
     def __call__(self, record: RequestRecord) -> None:
         self.records.append(record)
         if self.records_out is not None:
-            self.records_out.write(record.to_json(point=self.point_key) + "\n")
+            tags = {"run": self.point.run} if self.point.run is not None else {}
+            self.records_out.write(record.to_json(point=self.point_key, **tags) + "\n")
             self.records_out.flush()
         if self.on_record is not None:
             self.on_record(record)

@@ -3,7 +3,8 @@
 Every finished request is appended to the run's records at once and every finished point to its
 summaries (see rundir.py), so a crash or Ctrl-C keeps all finished work and `--resume` continues with
 the points not yet done. Local server configs (`[[serve]]` in a recipe) are started with `llmopt serve`
-on a free port and stopped by pid, also when interrupted.
+on a free port and stopped by pid, also when interrupted. With `rounds` the configs take turns, round
+by round (rounds.py); otherwise each config runs all its points in one start.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -33,11 +34,20 @@ from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
 from llmopt.bench.quantized_serve import prepare_servers
 from llmopt.bench.repeats import repeat_stats
 from llmopt.bench.resume import check_resumable
+from llmopt.bench.rounds import (
+    Measured,
+    Run,
+    finished_rounds,
+    finished_runs,
+    round_entry,
+    round_repeats,
+    total_spec,
+)
 from llmopt.bench.rundir import RunDir, machine_info
 from llmopt.bench.runner import LoadPoint, PointResult, run_point
 from llmopt.bench.search import run_search
 from llmopt.bench.self_check import client_fields
-from llmopt.bench.server_metrics import MetricsSampler, ServerSample, summarize_samples
+from llmopt.bench.server_metrics import MetricsSampler, summarize_samples
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
 from llmopt.bench.session import run_sessions
 from llmopt.bench.session_metrics import summarize_sessions
@@ -113,8 +123,11 @@ def run_sweep(
             on_point_start=on_point_start,
             on_point_done=on_point_done,
         )
-        for server_name, spec in targets:
-            run_server(sweep, server_name, spec)
+        if config.rounds > 1:
+            run_rounds(sweep, targets)
+        else:
+            for server_name, spec in targets:
+                run_server(sweep, server_name, spec)
     return sweep.points
 
 
@@ -129,7 +142,7 @@ def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
     summary = run.read_summary() if resume else {"settings": {}, "points": []}
     check_resumable(summary["settings"].get("config") or {}, config)
     done = summary["points"]
-    run.keep_records_of({p["key"] for p in done})
+    run.keep_records_of({p["key"] for p in done}, finished_runs(run.read_rounds()))
     return done
 
 
@@ -151,14 +164,92 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
         return
     with serving(sweep, server_name, spec) as target:
         for index, entry in todo:
-            if entry.habit is None:
-                summary = run_cell(sweep, target, server_name, spec, index, entry.cell)
-            else:
-                # The habit's points run with its settings (prompt length spread, connection reuse).
-                habit_sweep = dataclasses.replace(sweep, config=config.habit_config(entry.habit))
-                summary = run_cell(habit_sweep, target, server_name, spec, index, entry.cell)
+            summary = run_cell(entry_sweep(sweep, entry), target, server_name, spec, index, entry.cell)
+            if entry.habit is not None:
                 summary.update(habit_fields(config, server_name, entry))
             finish_point(sweep, summary)
+
+
+def entry_sweep(sweep: Sweep, entry: MatrixEntry) -> Sweep:
+    """What a matrix entry runs with: a habit's points with its settings (prompt length spread,
+    connection reuse), the others with the run's."""
+    if entry.habit is None:
+        return sweep
+    return dataclasses.replace(sweep, config=sweep.config.habit_config(entry.habit))
+
+
+def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> None:
+    """Round 1 of every server config, each started, benched and stopped in turn, then round 2 of
+    every one, ... (rounds.py); a resumed run skips the rounds it has."""
+    entries = list(enumerate(matrix(sweep.config)))
+    kept = finished_rounds(sweep.run.read_rounds(), sweep.run.read_records(), sweep.done_keys)
+    for round_ in range(sweep.config.rounds):
+        for server_name, spec in targets:
+            todo = []
+            for index, entry in entries:
+                key = point_key(server_name, *entry.cell)
+                if key not in sweep.done_keys and round_ not in kept.get(key, {}):
+                    todo.append((index, entry))
+            if not todo:
+                continue
+            with serving(sweep, server_name, spec) as target:
+                for index, entry in todo:
+                    run_round(sweep, target, (server_name, spec), index, entry, round_, kept)
+
+
+def run_round(
+    sweep: Sweep,
+    target: Target,
+    server: tuple[str, ServerSpec | None],
+    index: int,
+    entry: MatrixEntry,
+    round_: int,
+    kept: dict[str, dict[int, Measured]],
+) -> None:
+    """One round of one point, kept in the run folder; after its last round, the point's summary."""
+    server_name, spec = server
+    key = point_key(server_name, *entry.cell)
+    cell_sweep = entry_sweep(sweep, entry)
+    repeats = round_repeats(round_, sweep.config.num_runs)
+    measured = measure(cell_sweep, target, server_name, spec, index, entry.cell, repeats)
+    sweep.run.append_round(round_entry(key, round_, measured))
+    rounds = kept.setdefault(key, {})
+    rounds[round_] = measured
+    if len(rounds) < sweep.config.rounds:
+        return
+    summary = summarize_rounds(
+        cell_sweep, target, server_name, spec, entry.cell, [rounds[r] for r in sorted(rounds)]
+    )
+    if entry.habit is not None:
+        summary.update(habit_fields(sweep.config, server_name, entry))
+    finish_point(sweep, summary)
+
+
+def summarize_rounds(
+    sweep: Sweep,
+    target: Target,
+    server_name: str,
+    spec: ServerSpec | None,
+    cell: Cell,
+    rounds: list[Measured],
+) -> dict:
+    """A point's summary over its rounds: every round's records pooled, and each headline metric's
+    value in each round with their mean, spread and interval (repeats.py, over rounds, not runs)."""
+    config = sweep.config
+    runs = [run for measured in rounds for run in measured.runs]
+    summary = summarize_runs(sweep, target, server_name, spec, cell, Measured(runs, total_spec(rounds)))
+    per_round = [
+        summarize(
+            [r for run in m.runs for r in run.result.records],
+            sum(run.result.wall_s for run in m.runs),
+            sweep.slo,
+            config.percentiles,
+        )
+        for m in rounds
+    ]
+    summary["repeats"] = {**repeat_stats(per_round), "over": "rounds"}
+    summary["rounds"] = len(rounds)
+    return summary
 
 
 @dataclass
@@ -270,40 +361,55 @@ def run_searches(sweep: Sweep, target: Target, server_name: str, spec: ServerSpe
         sweep.run.write_summaries(sweep.points, sweep.settings)
 
 
-@dataclass
-class Run:
-    """One run of a point (a point runs --num-runs times)."""
-
-    result: PointResult
-    planned_turns: dict[int, int]  # multi-turn runs: each session's number of turns
-    reset: bool | None  # whether the prefix cache was reset before it (None: not asked to)
-    warnings: list[str]
-    samples: list[ServerSample] = field(default_factory=list)  # the server's /metrics during it
-
-
 def run_cell(
     sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None, index: int, cell: Cell
 ) -> dict:
     """Run one load point of one server (--num-runs times) and return its summary: the runs' records
     pooled, and with several runs each headline metric's mean and confidence interval (repeats.py)."""
-    config = sweep.config
-    prompt_len, output_len, point = cell
+    measured = measure(sweep, target, server_name, spec, index, cell, range(sweep.config.num_runs))
+    return summarize_runs(sweep, target, server_name, spec, cell, measured)
+
+
+def measure(
+    sweep: Sweep,
+    target: Target,
+    server_name: str,
+    spec: ServerSpec | None,
+    index: int,
+    cell: Cell,
+    repeats: range,
+) -> Measured:
+    """The runs of a point numbered `repeats` (each number seeds its run's prompts)."""
     key = point_key(server_name, *cell)
-    target = dataclasses.replace(target, stream=point.stream, connection_reuse=config.connection_reuse)
+    target = dataclasses.replace(
+        target, stream=cell[2].stream, connection_reuse=sweep.config.connection_reuse
+    )
     local = spec is not None  # only a local llmopt server is asked for its speculation counters
     before = scrape_spec_counters(target.endpoint) if local else None
-    runs = [run_once(sweep, target, key, index, cell, repeat) for repeat in range(config.num_runs)]
+    runs = [run_once(sweep, target, key, index, cell, repeat) for repeat in repeats]
+    grown = spec_delta(before, scrape_spec_counters(target.endpoint)) if before is not None else None
+    return Measured(runs, grown)
+
+
+def summarize_runs(
+    sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None, cell: Cell, measured: Measured
+) -> dict:
+    """A point's summary from its runs: their records pooled, and with several runs each headline
+    metric's mean and confidence interval over them (repeats.py)."""
+    config, runs = sweep.config, measured.runs
+    prompt_len, output_len, point = cell
+    key = point_key(server_name, *cell)
     records = [r for run in runs for r in run.result.records]
     wall = sum(run.result.wall_s for run in runs)
     summary = summarize(records, wall, sweep.slo, config.percentiles)
-    if before is not None:
-        summary["spec"] = spec_delta(before, scrape_spec_counters(target.endpoint))
+    if spec is not None:
+        summary["spec"] = measured.spec
     if config.workload in SESSION_WORKLOADS:
         planned = {s: n for run in runs for s, n in run.planned_turns.items()}
         summary.update(summarize_sessions(records, wall, planned, config.percentiles))
         tools = [run.result.tools for run in runs]
         summary["tools"] = next((t for t in tools if t != "sent"), tools[0])  # a refusal is what to say
-    if config.num_runs > 1:
+    if len(runs) > 1:
         per_run = [summarize(r.result.records, r.result.wall_s, sweep.slo, config.percentiles) for r in runs]
         summary["repeats"] = repeat_stats(per_run)
     summary.update(
@@ -336,6 +442,9 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
     """One run of a point, after resetting the prefix cache."""
     config, tokenizer = sweep.config, sweep.tokenizer
     prompt_len, output_len, point = cell
+    if config.rounds > 1:  # its records say which run they are of (rounds.py: --resume keeps finished rounds)
+        point = dataclasses.replace(point, run=repeat)
+        cell = (prompt_len, output_len, point)
     # Fresh prompts for every point, run and warm-up, so that none is served from prefix-cache entries
     # that an earlier one left behind; a point's place in the matrix seeds them (resume sends the same).
     seed = config.seed + 7919 * index + 104729 * repeat
@@ -363,7 +472,7 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
     # Sample times count from the point's start, as its records' do (else from where it must have been).
     samples = sampler.samples(result.started if result.started is not None else ended - result.wall_s)
     sweep.run.append_server_metrics([{"point": key, "run": repeat, **s.to_json()} for s in samples])
-    return Run(result, planned, reset, warnings, samples)
+    return Run(result, planned, reset, warnings, samples, repeat)
 
 
 def cache_hygiene(

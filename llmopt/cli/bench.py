@@ -29,7 +29,8 @@ AS_GIVEN = (
     "endpoint model api_key api workload num_requests max_seconds warmup prefix_len num_prefixes slo "
     "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse turns "
     "system_len think_time burstiness ramp_up prompt_len_spread reset_prefix_cache goodput_search "
-    "search_percentile search_tolerance num_runs trace_block_size metrics_interval workers quantized_cache"
+    "search_percentile search_tolerance num_runs trace_block_size metrics_interval workers quantized_cache "
+    "rounds"
 ).split()
 
 
@@ -180,6 +181,10 @@ WorkersOption = Annotated[
 NumRunsOption = Annotated[
     int | None, typer.Option(help="run each point this many times; summaries give 95 % intervals; default: 1")
 ]
+RoundsOption = Annotated[
+    int | None,
+    typer.Option(help="recipe configs take turns: round 1 of each, then round 2 of each, ...; default: 1"),
+]
 MetricsIntervalOption = Annotated[
     float | None,
     typer.Option(help="seconds between samples of the server's /metrics during a point; 0: off; default 0.5"),
@@ -234,6 +239,7 @@ def bench(
     search_percentile: SearchPercentileOption = None,
     search_tolerance: SearchToleranceOption = None,
     num_runs: NumRunsOption = None,
+    rounds: RoundsOption = None,
     workers: WorkersOption = None,
     metrics_interval: MetricsIntervalOption = None,
     ignore_eos: IgnoreEosOption = True,

@@ -72,7 +72,7 @@ SESSION_BUILDERS: dict[str, SessionBuilder] = {
         tok, n, config.system_len, tl, ol, config.turns, seed, config.prompt_len_spread
     ),
     "agent": lambda config, tok, n, tl, ol, seed: agent_conversations(
-        tok, n, config.system_len, tl, ol, config.turns, seed, config.prompt_len_spread
+        tok, n, config.system_len, tl, ol, config.turns, seed, config.prompt_len_spread, config.agent_tools
     ),
     # A file's conversations, all of them: the sweep takes as many as hold --num-requests turns.
     "conversations": lambda config, tok, n, tl, ol, seed: file_conversations(Path(config.dataset), tok, ol),

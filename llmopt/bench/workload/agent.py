@@ -1,7 +1,8 @@
 """The agent workload: multi-turn sessions of an agent loop. The system prompt lists tool definitions
 (then corpus text up to `system_len` tokens), requests send the same tools as `tools`, and every turn
 after the first is an assistant tool call followed by the tool's result (`turn_len` tokens) in the
-history, as an agent sends them back (conversation.py; a server that refuses `tools` gets them as text)."""
+history, as an agent sends them back (conversation.py; a server that refuses `tools` gets them as text,
+and a recipe's `tools = "text"` writes them as text for every server)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,12 @@ def agent_conversations(
     turns: int,
     seed: int = 0,
     spread: float = 0.0,
+    tools: str = "api",
 ) -> list[Conversation]:
-    """`num` agent sessions: the multi-turn workload's texts, the later turns' texts as tool results."""
+    """`num` agent sessions: the multi-turn workload's texts, the later turns' texts as tool results.
+    `tools` "text": no `tools` field, the calls and results written into the messages (the system
+    prompt lists the tools either way), so that every server gets the same bytes whatever its tool
+    support (an engine comparison's agent point: recipes/engines-agent.toml)."""
     header = SYSTEM_HEADER + tool_definitions_text(TOOLS) + "\n\n"
     filler_len = max(0, system_len - count_tokens(tokenizer, header))
     filler = random_prompts(tokenizer, 1, filler_len, 1, seed)[0].prompt if filler_len else ""
@@ -63,6 +68,7 @@ def agent_conversations(
             parameter = tool["parameters"]["required"][0]
             arguments = json.dumps({parameter: words[i * turns + k].prompt.strip()})
             turn.tool_call = ToolCall(f"call_{k}", tool["name"], arguments)
-        conv.system, conv.system_tokens, conv.tools = system, count_tokens(tokenizer, system), TOOLS
+        conv.system, conv.system_tokens = system, count_tokens(tokenizer, system)
+        conv.tools = TOOLS if tools == "api" else None
         out.append(conv)
     return out
