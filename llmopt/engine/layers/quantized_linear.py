@@ -1,14 +1,19 @@
 """Quantized linear layers for the engine: the canonical quantized weight (llmopt/engine/formats) run with
-PyTorch's CPU weight-only kernels, or dequantized where no kernel fits or the batch is prefill-sized."""
+the engine's int4 / int8 panel kernel (int8 activations, kernels/quantized_matmul.cpp) when the compiled
+kernels load, else PyTorch's CPU weight-only kernels, or dequantized where no kernel fits or the batch is
+prefill-sized. LLMOPT_QUANT_KERNEL=aten keeps PyTorch's kernels (bf16 activations), for checking."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 
 import torch
 
+from llmopt.engine import kernels
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.engine.layers import quantized_panels
 
 log = logging.getLogger(__name__)
 
@@ -16,19 +21,39 @@ INT4_GROUP_SIZES = (32, 64, 128, 256)  # what aten's CPU int4 kernel accepts
 # From this many rows on (prefill), dequantizing a layer and running fp32 GEMM beats the weight-only
 # kernels, which are built for decode (measured at 512 rows: int4 kernel 2.2x slower than fp32 GEMM).
 DEQUANTIZE_FROM_ROWS = 128
+# LLMOPT_QUANT_KERNEL: auto = the panel kernel where it fits, else ATen's; aten = ATen's weight-only
+# kernels; dense = dequantized fp32, the reference the kernels are checked against.
+KERNEL_CHOICES = ("auto", "aten", "dense")
+PANEL_KERNELS = ("w4a8", "w8a8")
+
+
+def kernel_choice() -> str:
+    choice = os.environ.get("LLMOPT_QUANT_KERNEL", "auto") or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"LLMOPT_QUANT_KERNEL={choice!r}: expected one of {', '.join(KERNEL_CHOICES)}")
+    return choice
 
 
 class QuantizedLinear(torch.nn.Module):
-    """y = x @ W^T with W kept quantized. The kernels want bf16 activations (with fp32 ones they are
-    20-40x slower here), so activations are cast around the matmul and the engine stays fp32."""
+    """y = x @ W^T with W kept quantized. The panel kernel quantizes fp32 activations to int8 itself;
+    ATen's kernels want bf16 ones (with fp32 they are 20-40x slower here), so activations are cast
+    around those and the engine stays fp32. kernel: one of KERNEL_CHOICES (default: LLMOPT_QUANT_KERNEL)."""
 
-    def __init__(self, weight: QuantizedWeight, name: str = ""):
+    def __init__(self, weight: QuantizedWeight, name: str = "", kernel: str | None = None):
         super().__init__()
         out_features, in_features = weight.q.shape
         self.out_features, self.in_features = out_features, in_features
         self.group_size = weight.group_size
         symmetric = bool((weight.zero == 2 ** (weight.bits - 1)).all())
-        if weight.bits == 4 and weight.group_size in INT4_GROUP_SIZES and out_features % 64 == 0:
+        choice = kernel or kernel_choice()
+        assert choice in KERNEL_CHOICES, choice
+        if choice == "auto" and quantized_panels.fits(weight) and kernels.load():
+            self.kernel = f"w{weight.bits}a8"
+            self.panels = quantized_panels.pack(weight)
+        elif choice == "dense":
+            self.kernel = "dense"
+            self.weight_t = weight.dequantize().t().contiguous()
+        elif weight.bits == 4 and weight.group_size in INT4_GROUP_SIZES and out_features % 64 == 0:
             self.kernel = "int4"
             self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
             # The kernel computes (q - 8) * scale + offset per group: offset = (8 - zero) * scale.
@@ -52,8 +77,10 @@ class QuantizedLinear(torch.nn.Module):
             )
 
     def kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(packed weight, bf16 scales) as the engine's compiled decode_layers takes them; None for a
-        layer that runs dequantized."""
+        """(packed weight, scales) as the engine's compiled decode_layers takes them (fp32 scales for the
+        panel kernel, bf16 for ATen's); None for a layer that runs dequantized."""
+        if self.kernel in PANEL_KERNELS:  # fp32 scales: decode_layers' any_linear runs quantized_matmul
+            return self.panels.packed, self.panels.scales
         if self.kernel == "int8":
             return self.packed, self.scale_bf16
         if self.kernel == "int4":
@@ -62,6 +89,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def dequantized_t(self) -> torch.Tensor:
         """The fp32 weight [in, out], rebuilt from the kernel's own packed copy (no second copy kept)."""
+        if self.kernel in PANEL_KERNELS:
+            return self.panels.dequantize().t()
         if self.kernel == "int8":
             return self.packed.t().float() * self.scale
         if self.kernel == "dense":
@@ -79,6 +108,8 @@ class QuantizedLinear(torch.nn.Module):
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if self.kernel == "dense" or x.shape[0] >= DEQUANTIZE_FROM_ROWS:
             y = torch.mm(x, self.dequantized_t().to(x.dtype))
+        elif self.kernel in PANEL_KERNELS:
+            y = torch.ops.llmopt.quantized_matmul(x.float(), self.panels.packed, self.panels.scales)
         elif self.kernel == "int4":
             y = torch._weight_int4pack_mm_for_cpu(
                 x.bfloat16(), self.packed, self.group_size, self.scales_and_zeros

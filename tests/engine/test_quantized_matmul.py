@@ -1,0 +1,147 @@
+"""The int4 / int8 panel kernel (kernels/quantized_matmul.cpp, layout in layers/quantized_panels.py):
+integer part bit-exact against PyTorch, float result against x @ W_dequantized^T, and whole quantized
+checkpoints against their dequantized selves along a greedy continuation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from llmopt.engine import kernels
+from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.engine.layers import quantized_panels
+from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
+
+pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
+QUANTIZED = Path(__file__).resolve().parents[2] / "results" / "quantized"
+# (bits, group size, in_features): 4-bit groups of 32/64/128, 8-bit grouped and per channel (group = in)
+CASES = [(4, 32, 256), (4, 64, 256), (4, 128, 256), (8, 32, 128), (8, 128, 128), (8, 256, 256)]
+ROWS = [1, 3, 16, 127]
+
+
+def random_weight(bits: int, group: int, in_features: int, out_features: int = 48, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    groups = in_features // group
+    return QuantizedWeight(
+        q=torch.randint(0, 2**bits, (out_features, in_features), generator=gen).to(torch.uint8),
+        scale=torch.rand(out_features, groups, generator=gen) * 0.01 + 0.001,
+        zero=torch.randint(0, 2**bits, (out_features, groups), generator=gen).float(),
+        bits=bits,
+        group_size=group,
+    )
+
+
+def quantize_reference(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row and block of 32: d = max|x| / 127, a = round(x / d) (half to even), and the zero-point
+    sums xs[m, g] = sum over the group's blocks of d * sum(a)."""
+    rows, k = x.shape
+    blocks = x.view(rows, k // 32, 32)
+    d = blocks.abs().amax(-1) / 127
+    safe = torch.where(d == 0, torch.ones_like(d), d)
+    a = torch.where(d[..., None] == 0, 0.0, torch.round(blocks / safe[..., None]))
+    sums = (d * a.sum(-1)).view(rows, k // group, group // 32).sum(-1)
+    return a.to(torch.int8).view(rows, k), d, sums
+
+
+def run(x: torch.Tensor, panels: quantized_panels.QuantizedPanels) -> torch.Tensor:
+    return torch.ops.llmopt.quantized_matmul(x, panels.packed, panels.scales)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("group", [32, 64, 128, 256])
+def test_activations_quantize_like_the_reference(rows, group):
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * 3
+    x[0, :32] = 0  # an all-zero block: scale 0, values 0
+    q, d, sums = torch.ops.llmopt.quantize_activations(x, group)
+    ref_q, ref_d, ref_sums = quantize_reference(x, group)
+    assert torch.equal(q, ref_q) and torch.equal(d, ref_d)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("bits", "group", "in_features"), CASES)
+def test_integer_dot_products_are_bit_exact(bits, group, in_features, rows):
+    """Integer activations with a block maximum of 127 quantize to themselves (d = 1), and power-of-two
+    scales with integer zero points make every fp32 step exact: the kernel must equal the int64 product."""
+    gen = torch.Generator().manual_seed(rows)
+    w = random_weight(bits, group, in_features)
+    w.scale = 2.0 ** torch.randint(-2, 1, w.scale.shape, generator=gen).float()
+    a = torch.randint(-127, 128, (rows, in_features), generator=gen)
+    a.view(rows, -1, 32)[:, :, 0] = 127  # every block's max |a| is 127, so d = 1 and a is unchanged
+    centered = (w.q.long() - w.zero.long().repeat_interleave(group, 1)).view(-1, in_features // group, group)
+    per_group = torch.einsum("ngk,mgk->mng", centered, a.view(rows, -1, group))  # int64, exact
+    expected = (per_group.double() * w.scale.double()[None]).sum(-1)
+    got = run(a.float(), quantized_panels.pack(w))
+    assert torch.equal(got.double(), expected)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize(("bits", "group", "in_features"), CASES)
+def test_float_result_matches_the_dequantized_weight(bits, group, in_features, rows):
+    w = random_weight(bits, group, in_features, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows))
+    panels = quantized_panels.pack(w)
+    torch.testing.assert_close(panels.dequantize(), w.dequantize())
+    got = run(x, panels)
+    # The same product from the reference's int8 activations, in float64: only summation order differs.
+    a, d, _ = quantize_reference(x, group)
+    x_quantized = (a.double().view(rows, -1, 32) * d.double()[..., None]).view(rows, in_features)
+    torch.testing.assert_close(got.double(), x_quantized @ w.dequantize().double().t(), rtol=1e-4, atol=1e-4)
+    exact = x @ w.dequantize().t()
+    assert (got - exact).norm() / exact.norm() < 0.02  # what int8 activations cost
+
+
+def test_layers_pick_the_panel_kernel_unless_told_otherwise(monkeypatch):
+    w = random_weight(4, 32, 128, out_features=64)
+    assert QuantizedLinear(w).kernel == "w4a8"
+    assert QuantizedLinear(random_weight(8, 128, 128)).kernel == "w8a8"
+    assert QuantizedLinear(w, kernel="aten").kernel == "int4"
+    assert QuantizedLinear(random_weight(4, 16, 128)).kernel == "dense"  # groups under 32 inputs
+    monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "dense")
+    assert QuantizedLinear(w).kernel == "dense"
+    monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "vnni")
+    with pytest.raises(ValueError, match="LLMOPT_QUANT_KERNEL='vnni': expected one of auto, aten, dense"):
+        QuantizedLinear(w)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("method", ["gptq", "awq", "int8"])
+def test_quantized_checkpoints_agree_with_their_dequantized_reference(method, monkeypatch):
+    """Greedy decoding with the panel kernels (decode_layers included), teacher-forced through the same
+    checkpoint run dequantized in fp32: the reference's next token agrees at >= 95 % of positions."""
+    from llmopt.engine.llm import LLM
+    from llmopt.engine.sampling_params import SamplingParams
+    from llmopt.evaluate.perplexity import engine_scorer
+
+    path = QUANTIZED / method
+    if not (path / "config.json").exists():
+        pytest.skip(f"no {method} checkpoint at {path} (make it with `llmopt quantize --method {method}`)")
+    llm = LLM(str(path), num_kv_blocks=32, block_size=16)
+    model = llm.engine.runner.model
+    assert {model.layers[0].qkv_weight.kernel, model.layers[0].down_weight.kernel} <= {"w4a8", "w8a8"}
+    assert model.decode_weights, "decode steps should run in decode_layers"
+    prompts = [llm.tokenizer.encode(p) for p in ("The history of the city begins", "def fibonacci(n):")]
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True))
+    monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "dense")
+    reference = engine_scorer(path, 128)
+    agree = total = 0
+    for prompt, out in zip(prompts, outputs):
+        logits = reference(prompt + out.token_ids)
+        predicted = logits[len(prompt) - 1 : -1].argmax(-1)
+        agree += int((predicted == torch.tensor(out.token_ids)).sum())
+        total += len(out.token_ids)
+    assert agree >= 0.95 * total, f"{agree} of {total} positions agree"
+
+
+def test_panel_layers_run_prefill_on_their_rebuilt_weight():
+    w = random_weight(4, 64, 256, out_features=64)
+    layer = QuantizedLinear(w)
+    assert layer.kernel == "w4a8"
+    torch.testing.assert_close(layer.dequantized_t(), w.dequantize().t())
+    x = torch.randn(DEQUANTIZE_FROM_ROWS, 256)
+    torch.testing.assert_close(layer(x), x @ w.dequantize().t(), rtol=1e-4, atol=1e-4)
+    small = x[:5]
+    assert (layer(small) - small @ w.dequantize().t()).norm() / (small @ w.dequantize().t()).norm() < 0.02
+    assert layer.kernel_weights()[1].dtype == torch.float32  # what routes decode_layers to this kernel
