@@ -1,0 +1,109 @@
+// Vector arithmetic for the kernels, for the instruction set -march=native allows (AVX-512, else AVX2;
+// with neither, only the scalar exp_inplace): a lane-width-neutral Vec, the sums of kLanes vectors at
+// once, and exp over an array (Cephes' expf, as cpu_kernels.cpp's exp_inplace, with an AVX2 path).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace llmopt_simd {
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+inline Vec vset(float x) { return _mm512_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vfnma(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline Vec vpow2(Vec p, Vec k) { return _mm512_scalef_ps(p, k); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+// kLanes int8 values as floats.
+// out[t] = the sum of v[t]'s lanes, for 16 vectors (a transposing tree, as cpu_kernels.cpp's sum16).
+inline Vec sum_lanes(const Vec* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+inline Vec vload_i8(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#else
+using Vec = __m256;
+constexpr int kLanes = 8;
+inline Vec vset(float x) { return _mm256_set1_ps(x); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vfnma(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec vround(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// p * 2^k for integral k in [-126, 127] (the clamp in exp_inplace keeps k there): k into the exponent bits.
+inline Vec vpow2(Vec p, Vec k) {
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+inline float vsum(Vec v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+// out[t] = the sum of v[t]'s lanes, for 8 vectors: pairwise adds within 128-bit halves, then the halves.
+inline Vec sum_lanes(const Vec* v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+inline Vec vload_i8(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+#endif
+
+inline void exp_inplace(float* x, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    // [-87.3, 88.3] rather than Cephes' +-88.38: keeps 2^k a normal float for the AVX2 exponent-bits path.
+    Vec v = vmax(vmin(vload(x + i), vset(88.3f)), vset(-87.3f));
+    const Vec k = vround(vmul(v, vset(1.44269504088896341f)));
+    Vec r = vfnma(k, vset(0.693359375f), v);
+    r = vfnma(k, vset(-2.12194440e-4f), r);
+    Vec p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    p = vfma(p, vmul(r, r), vadd(r, vset(1.f)));
+    vstore(x + i, vpow2(p, k));
+  }
+  for (; i < n; ++i) x[i] = std::exp(x[i]);
+}
+#else
+inline void exp_inplace(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+#endif
+
+}  // namespace llmopt_simd
