@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from llmopt.engine.sequence import Sequence
+from llmopt.engine.sequence import Sequence, SequenceStatus
 
 
 def num_blocks_for(num_tokens: int, block_size: int) -> int:
@@ -32,11 +32,25 @@ class BlockManager:
     Free blocks sit in LRU order: blocks without cached content first, then cached blocks from the
     least recently freed. A freed block keeps its hash until it is handed out again, so a later request
     with the same prefix can take it back.
+
+    In-flight prefix sharing: an admitted sequence claims the full prompt blocks it is about to compute
+    (`computing`: hash -> that sequence) until each is complete and cached. A waiting sequence whose next
+    block is claimed by another waits (`waits_for_inflight`) and then takes it from the cache, so four
+    requests arriving together with one system prompt compute it once, however many chunks it takes.
+    Freeing the claimer (finish, abort, preemption) drops its claims: the waiters then compute the rest.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        inflight_prefix_sharing: bool = True,
+    ):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.inflight_prefix_sharing = enable_prefix_caching and inflight_prefix_sharing
+        self.computing: dict[int, Sequence] = {}  # claimed prompt blocks not yet computed, by hash
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_block_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
@@ -68,11 +82,10 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching or seq.needs_prompt_logits:
             return 0
-        parent: int | None = None
-        for start in range(0, len(seq) - 1 - self.block_size + 1, self.block_size):
-            tokens = tuple(seq.token_ids[start : start + self.block_size])
-            h = block_hash(parent, tokens)
+        bs = self.block_size
+        for i, h in enumerate(self.hashes(seq, (len(seq) - 1) // bs)):
             block_id = self.hash_to_block_id.get(h)
+            tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             block = self.blocks[block_id]
@@ -81,9 +94,47 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
             seq.block_hashes.append(h)
-            parent = h
-        seq.num_computed_tokens = len(seq.block_table) * self.block_size
+        seq.num_computed_tokens = len(seq.block_table) * bs
         return seq.num_computed_tokens
+
+    def hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """The chained hashes of `seq`'s first `num_blocks` full blocks, memoized on the sequence."""
+        bs = self.block_size
+        assert num_blocks * bs <= len(seq)
+        memo = seq.prefix_hashes
+        del memo[len(seq) // bs :]  # blocks past a cut (tokens after a stop are dropped)
+        parent = memo[-1] if memo else None
+        for i in range(len(memo), num_blocks):
+            parent = block_hash(parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+            memo.append(parent)
+        return memo[:num_blocks]
+
+    def waits_for_inflight(self, seq: Sequence) -> bool:
+        """True when the first block of `seq`'s prompt missing from the cache is claimed by another
+        sequence: admitted now, `seq` would compute that block a second time. Cheap when nothing is
+        claimed (the common case); otherwise dictionary lookups down its memoized hashes."""
+        if not self.computing or seq.needs_prompt_logits:
+            return False
+        for h in self.hashes(seq, (len(seq) - 1) // self.block_size):
+            if h in self.hash_to_block_id:  # computed already (confirmed by token ids when taken)
+                continue
+            owner = self.computing.get(h)
+            if owner is None or owner is seq:
+                return False
+            # The claimer runs and holds blocks, so its prefill goes on; a claim outlives neither.
+            assert owner.status == SequenceStatus.RUNNING and owner.block_table, "a stale claim"
+            return True
+        return False
+
+    def claim(self, seq: Sequence) -> None:
+        """Register the full blocks `seq` computes from here on as being computed by it (those not cached
+        and not claimed already), so that waiting sequences with the same prefix wait for them."""
+        if not self.inflight_prefix_sharing:
+            return
+        first = seq.num_computed_tokens // self.block_size
+        for h in self.hashes(seq, len(seq) // self.block_size)[first:]:
+            if h not in self.hash_to_block_id:
+                self.computing.setdefault(h, seq)
 
     def admit(self, seq: Sequence, max_new_tokens: int) -> int | None:
         """Give a waiting sequence its longest cached prefix and blocks for up to `max_new_tokens` more of
@@ -94,6 +145,7 @@ class BlockManager:
         if not self.allocate(seq, seq.num_computed_tokens + num_new):
             self.free(seq)
             return None
+        self.claim(seq)
         if not seq.needs_prompt_logits:  # that one never looks the cache up
             self.prefix_cache_queries += len(seq)
             self.prefix_cache_hits += cached
@@ -121,18 +173,21 @@ class BlockManager:
         """Register the blocks that `seq` has completely computed, so later requests can share them."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
-        parent = seq.block_hashes[-1] if seq.block_hashes else None
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        if num_full <= len(seq.block_hashes):  # most decode steps: no block completed
+            return
+        hashes = self.hashes(seq, num_full)
         for i in range(len(seq.block_hashes), num_full):
-            tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = block_hash(parent, tokens)
+            h = hashes[i]
             block = self.blocks[seq.block_table[i]]
             if block.hash is None:
-                block.hash, block.token_ids = h, tokens
+                block.hash, block.token_ids = h, tuple(seq.token_ids[i * bs : (i + 1) * bs])
                 self.hash_to_block_id[h] = block.block_id
             assert block.hash == h, "a shared block's content must match the sequence's tokens"
+            if self.computing.get(h) is seq:  # complete: its waiters take it from the cache now
+                del self.computing[h]
             seq.block_hashes.append(h)
-            parent = h
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached content of every free block (blocks in use keep theirs: their sequences still
@@ -159,6 +214,11 @@ class BlockManager:
                 self.free_block_ids[block_id] = None
                 if block.hash is None:  # nothing worth keeping: hand it out before cached blocks
                     self.free_block_ids.move_to_end(block_id, last=False)
+        if self.computing:  # its unfinished claims go: waiters compute those blocks themselves
+            for h in seq.prefix_hashes:
+                if self.computing.get(h) is seq:
+                    del self.computing[h]
+            assert all(owner is not seq for owner in self.computing.values()), "a claim outlived its seq"
         seq.block_table = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0

@@ -62,7 +62,10 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or min(model_max, 8192), model_max)
         self.runner = ModelRunner(config, self.model_dir, self.max_model_len)
         self.block_manager = BlockManager(
-            self.runner.num_kv_blocks, config.block_size, config.enable_prefix_caching
+            self.runner.num_kv_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            config.inflight_prefix_sharing,
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.eos_token_ids = self._eos_token_ids()

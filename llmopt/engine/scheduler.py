@@ -26,6 +26,9 @@ class Scheduler:
     waiting sequences in arrival order while budget, sequence slots and KV blocks last. When a running
     sequence needs a block and none is free, the newest running sequence is preempted by recompute:
     its blocks are freed (cached ones keep their content) and it goes back to the head of the queue.
+    A waiting sequence whose next prompt blocks another sequence is computing right now is passed over
+    (in-flight prefix sharing): it stays queued, holding nothing, and takes them from the cache once
+    they are complete, so a shared prefix is computed once however many chunks it takes.
     """
 
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
@@ -70,21 +73,30 @@ class Scheduler:
             scheduled.add(id(seq))
             budget -= num_new
 
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        if not preempted:
+            self._admit(batch, budget)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        """Admit waiting sequences in arrival order while budget, sequence slots and KV blocks last,
+        passing over those that wait for blocks another sequence is computing."""
+        bm = self.block_manager
+        for seq in list(self.waiting):  # a copy: admitted ones leave the queue
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if bm.waits_for_inflight(seq):
+                continue
             num_new = bm.admit(seq, budget)
             if num_new is None:  # too few free blocks: try again once some are freed
                 break
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
-
-        return batch
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -32,6 +32,9 @@ class Sequence:
         self.block_table: list[int] = []
         # Hashes of this sequence's full blocks that are in the prefix cache, in order.
         self.block_hashes: list[int] = []
+        # Chained hashes of its full token blocks, whether cached or not (BlockManager.hashes' memo: a
+        # waiting sequence is looked up every step, and its tokens only grow, or are cut at a stop).
+        self.prefix_hashes: list[int] = []
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.spec_token_ids: list[int] = []  # proposed tokens this step verifies (speculative decoding)
         self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled

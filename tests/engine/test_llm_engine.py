@@ -122,6 +122,38 @@ def test_identical_prompts_in_one_batch(llm, hf_greedy):
     assert all(o.token_ids == expected for o in outputs)
 
 
+def test_requests_sharing_a_prefix_being_computed_equal_transformers(llm, hf_greedy, monkeypatch):
+    """Four requests arrive together with one 145-token prefix, prefilled in chunks of 64: the first
+    computes it, the other three wait for its blocks (in-flight sharing) and take 144 tokens from them."""
+    engine = llm.engine
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 64)
+    engine.reset_prefix_cache()  # nothing left from earlier tests: the prefix is computed here
+    shared = llm.tokenizer.encode(
+        "You are a careful assistant. Read these notes first.\n" + "\n".join(PROMPTS)
+    )
+    questions = [" Which note mentions France?", " Which one is code?", " Count the notes.", " Name a fruit."]
+    ids = [shared + llm.tokenizer.encode(q) for q in questions]
+    outputs = llm.generate(ids, greedy(8))
+    assert [o.cached_tokens for o in outputs] == [0] + [len(shared) // 16 * 16] * 3
+    for prompt_ids, out in zip(ids, outputs):
+        assert out.token_ids == hf_greedy(tuple(prompt_ids), 8)
+    assert_all_blocks_free(engine)
+    assert not engine.block_manager.computing
+
+
+def test_a_2048_token_budget_prefills_1500_tokens_in_one_step(llm, hf_greedy, monkeypatch):
+    engine = llm.engine
+    monkeypatch.setattr(engine.scheduler, "max_num_batched_tokens", 2048)
+    engine.reset_prefix_cache()
+    ids = llm.tokenizer.encode("\n".join(f"Note {i}: {p}" for i, p in enumerate(PROMPTS * 12)))[:1500]
+    rid = engine.add_request(ids, greedy(4))
+    [first] = engine.step()  # the whole prompt in one forward: the first token comes with it
+    assert first.request_id == rid and len(first.new_token_ids) == 1
+    tokens = first.new_token_ids + drain(engine)[rid]
+    assert tokens == hf_greedy(tuple(ids), 4)
+    assert_all_blocks_free(engine)
+
+
 def test_abort_frees_blocks(llm):
     engine = llm.engine
     rid = engine.add_request(PROMPTS[2], greedy(200))
