@@ -1,0 +1,32 @@
+"""The output layer's precision: at 4 bits per weight elsewhere, the tied fp32 [vocab, hidden] head is
+the largest read of a decode step, so it can run as int8 per output row (symmetric, one scale a row),
+which QuantizedLinear runs with ATen's int8 weight-only kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.engine.layers.quantized_linear import QuantizedLinear
+
+LM_HEAD_DTYPES = ("auto", "float32", "int8")
+# What "auto" means; the lead picks it from the perplexity measured with each (README: quantized models).
+AUTO_LM_HEAD_DTYPE = "float32"
+
+
+def quantize_rows_int8(weight: torch.Tensor) -> QuantizedWeight:
+    """[out, in] -> int8 per output row, symmetric: q in [1, 255] around zero point 128."""
+    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    q = torch.round(weight / scale).clamp(-127, 127) + 128
+    return QuantizedWeight(q.to(torch.uint8), scale, torch.full_like(scale, 128.0), 8, weight.shape[1])
+
+
+def output_layer(
+    head_t: torch.nn.Parameter | QuantizedLinear, lm_head_dtype: str
+) -> torch.nn.Parameter | QuantizedLinear:
+    """The head [hidden, vocab] as `lm_head_dtype` asks; a head the checkpoint already quantized stays."""
+    assert lm_head_dtype in LM_HEAD_DTYPES, lm_head_dtype
+    dtype = AUTO_LM_HEAD_DTYPE if lm_head_dtype == "auto" else lm_head_dtype
+    if dtype == "float32" or isinstance(head_t, QuantizedLinear):
+        return head_t
+    return QuantizedLinear(quantize_rows_int8(head_t.detach().t().float()), "lm_head")
