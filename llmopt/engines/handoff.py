@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt.checkpoints import DEFAULT_MODEL, bundled_gguf_path, resolve_model
+from llmopt.checkpoints import DEFAULT_MODEL, GEMMA3_MODEL, bundled_gguf_path, gemma3_gguf_path, resolve_model
 from llmopt.engines.errors import EngineError
 
 LLAMA_CPP_CONVERTER = (
@@ -18,7 +18,7 @@ LLAMA_CPP_CONVERTER = (
 def vllm_model(model: str | None) -> str:
     """The default model and a GGUF as llmopt's converted fp32 folder; a folder as it is; anything else
     (a Hugging Face id) goes to vLLM unchanged."""
-    if model is None or model == DEFAULT_MODEL or model.endswith(".gguf"):
+    if model is None or model in (DEFAULT_MODEL, GEMMA3_MODEL) or model.endswith(".gguf"):
         return str(resolve_model(model))  # vLLM's own GGUF loading is experimental: give it safetensors
     path = Path(model).expanduser()
     return str(path.resolve()) if path.exists() else model
@@ -28,6 +28,8 @@ def llama_cpp_model(model: str | None) -> str:
     """The default model as its bundled GGUF, a GGUF as it is; an HF folder is refused."""
     if model is None or model == DEFAULT_MODEL:
         return str(bundled_gguf_path())
+    if model == GEMMA3_MODEL:  # the same Q4_K_M file llmopt converts
+        return str(gemma3_gguf_path())
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return str(path.resolve())
