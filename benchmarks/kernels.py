@@ -151,10 +151,10 @@ def attention_subjects(config, context: int, cold_bytes: int) -> dict[str, tuple
     scale = head_dim**-0.5
 
     def kernel(pool):
-        return torch.ops.llmopt.paged_decode_attention(q, pool[0], pool[1], tables, lens, scale)
+        return torch.ops.llmopt.paged_decode_attention(q, pool[0], pool[1], tables, lens, scale, 0)
 
     def sdpa(pool):
-        return attend_decode(q, pool[0], pool[1], group, kv_heads)
+        return attend_decode(q, pool[0], pool[1], group, kv_heads, scale)
 
     # Like for like: both compute the same attention (the kernel tests check this in detail).
     torch.testing.assert_close(kernel(pools[0]), sdpa(pools[0]), rtol=1e-4, atol=1e-4)

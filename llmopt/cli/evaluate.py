@@ -19,6 +19,10 @@ def evaluate(
     seq_len: Annotated[int, typer.Option(help="tokens per window")] = 512,
     windows: Annotated[int, typer.Option(help="how many windows to score")] = 8,
     backend: Annotated[str, typer.Option(help="engine (our forward) or transformers")] = "engine",
+    dtype: Annotated[str, typer.Option(help="engine: float32, bfloat16 or auto (a .gguf's own types)")] = (
+        "float32"
+    ),
+    lm_head_dtype: Annotated[str, typer.Option(help="engine: auto, float32 or int8 (per row)")] = "auto",
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
     """Perplexity on held-out text (sliding windows), for any model llmopt loads, full or quantized."""
@@ -29,7 +33,7 @@ def evaluate(
 
     logging.basicConfig(level=logging.WARNING)
     try:
-        result = perplexity(model, data, seq_len, windows, backend)
+        result = perplexity(model, data, seq_len, windows, backend, dtype, lm_head_dtype)
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
     if json_output:

@@ -20,7 +20,10 @@ def generate(
     top_k: int = 0,
     seed: int | None = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = False,
-    dtype: str = "float32",
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto (a .gguf's own types)")] = (
+        "float32"
+    ),
+    lm_head_dtype: Annotated[str, typer.Option(help="auto, float32 or int8 (per row)")] = "auto",
     speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
 ) -> None:
     """Generate a completion in-process and print it with its speed."""
@@ -33,7 +36,7 @@ def generate(
         params = SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed
         )
-        llm = LLM(model, dtype=dtype, speculative_config=speculative_config)
+        llm = LLM(model, dtype=dtype, lm_head_dtype=lm_head_dtype, speculative_config=speculative_config)
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
     request = llm.chat_prompt(prompt) if chat else prompt

@@ -7,6 +7,11 @@ from typing import Annotated
 import typer
 
 from llmopt.cli.options import SPEC_HELP, ModelArg, fail
+from llmopt.engine.config import KV_CACHE_DTYPES
+
+SHARING_HELP = "a request waits for prefix blocks another is computing instead of computing them too"
+DTYPE_HELP = "float32, bfloat16, float16, or auto: a .gguf's quantized tensors as the file stores them"
+LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized per row at load"
 
 
 def serve(
@@ -27,9 +32,14 @@ def serve(
         int | None, typer.Option(help="KV pool size; default from --kv-cache-memory-gb")
     ] = None,
     kv_cache_memory_gb: float = 1.0,
+    kv_cache_dtype: Annotated[
+        str, typer.Option(help="auto (the model's dtype) or int8: ~3.8x the KV blocks in the same memory")
+    ] = "auto",
     enable_prefix_caching: bool = True,
+    inflight_prefix_sharing: Annotated[bool, typer.Option(help=SHARING_HELP)] = True,
     max_model_len: int | None = None,
-    dtype: str = "float32",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
+    lm_head_dtype: Annotated[str, typer.Option(help=LM_HEAD_HELP)] = "auto",
     max_queue_len: Annotated[int, typer.Option(help="waiting requests beyond this get HTTP 429")] = 256,
     max_request_bytes: Annotated[int, typer.Option(help="request bodies beyond this get HTTP 413")] = 4
     * 2**20,
@@ -58,6 +68,8 @@ def serve(
         num_kv_blocks, kv_cache_memory_gb, enable_prefix_caching, max_model_len, dtype, max_queue_len,
         max_request_bytes, limit_concurrency, timeout_keep_alive, speculative_config,
         tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
+        inflight_prefix_sharing=inflight_prefix_sharing, kv_cache_dtype=kv_cache_dtype,
+        lm_head_dtype=lm_head_dtype,
     )  # fmt: skip
     serve_on(engine, options, engine_python, dry_run)
 
@@ -67,6 +79,9 @@ def serve_on(engine: str, options, engine_python: str | None, dry_run: bool) -> 
     from llmopt.engines.errors import EngineError
     from llmopt.engines.serve import serve_engine
 
+    if options.kv_cache_dtype not in KV_CACHE_DTYPES:
+        given = options.kv_cache_dtype
+        raise fail(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {given!r}", code=2)
     if engine != "llmopt":
         try:
             code = serve_engine(engine, options, engine_python, dry_run)
@@ -92,13 +107,16 @@ def serve_llmopt(options, dry_run: bool) -> None:
         config = EngineConfig(
             model=o.model,
             dtype=o.dtype,
+            lm_head_dtype=o.lm_head_dtype,
             block_size=o.block_size,
             num_kv_blocks=o.num_kv_blocks,
             kv_cache_memory_gb=o.kv_cache_memory_gb,
+            kv_cache_dtype=o.kv_cache_dtype,
             max_num_seqs=o.max_num_seqs,
             max_num_batched_tokens=o.max_num_batched_tokens,
             max_model_len=o.max_model_len,
             enable_prefix_caching=o.enable_prefix_caching,
+            inflight_prefix_sharing=o.inflight_prefix_sharing,
             speculative_config=o.speculative_config,
         )
         if dry_run:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KV_CACHE_DTYPES = ("auto", "int8")  # --kv-cache-dtype: "auto" = the model's dtype
+
 
 @dataclass
 class EngineConfig:
@@ -9,13 +11,20 @@ class EngineConfig:
 
     model: str | None = None  # a HF folder, a .gguf file or the default alias; None = the default model
     dtype: str = "float32"  # fp32 is fastest on CPUs without native bf16
+    # "auto": a GGUF's quantized tensors as the file holds them (fp32 activations); else as float32
+    lm_head_dtype: str = "auto"  # "float32" or "int8" (per output row); "auto": layers/lm_head.py
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
+    # "auto": keys and values in the model's dtype; "int8": per token-head scales (layers/int8_kv_cache.py)
+    kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 8192
     enable_prefix_caching: bool = True
+    # A request whose prefix another is computing right now waits for those blocks instead of computing
+    # them too (moot without prefix caching).
+    inflight_prefix_sharing: bool = True
     seed: int = 0  # seeds requests that give no seed of their own
     # vLLM-style: {"method": "ngram"|"draft", "num_speculative_tokens": k, ...} (dict or JSON text)
     speculative_config: dict | str | None = None
@@ -29,5 +38,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be at least 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or int8, not {self.kv_cache_dtype!r}")
+        if self.lm_head_dtype not in ("auto", "float32", "int8"):
+            raise ValueError(f"lm_head_dtype must be auto, float32 or int8, not {self.lm_head_dtype!r}")

@@ -5,9 +5,11 @@ from pathlib import Path
 
 import torch
 
+from llmopt.checkpoints import gguf_file
 from llmopt.engine import kernels
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
+from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
 from llmopt.engine.models.loader import load_model
 from llmopt.engine.sampling_params import SamplingParams
@@ -20,6 +22,7 @@ log = logging.getLogger(__name__)
 # the context once per row); longer chunks attend as a padded prefill group.
 MAX_DECODE_QUERIES = 8
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES["auto"] = torch.float32  # "auto" is about a GGUF's weights; activations and the KV cache stay fp32
 
 
 class ModelRunner:
@@ -29,12 +32,14 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model_dir: Path, max_model_len: int):
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
-        self.model = load_model(model_dir, self.dtype)
+        gguf = gguf_file(config.model) if config.dtype == "auto" else None  # weights at the file's precision
+        self.model = load_model(model_dir, self.dtype, gguf, config.lm_head_dtype)
         model_config = self.model.config
         self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
         num_layers = model_config.num_hidden_layers
-        kv_shape = (self.block_size, self.model.num_kv_heads, self.model.head_dim)
-        bytes_per_block = 2 * num_layers * kv_shape[0] * kv_shape[1] * kv_shape[2] * self.dtype.itemsize
+        # int8: head_dim values and a 4-byte scale per token-head row, so ~4x the blocks in the same memory.
+        row, kv_dtype = int8_kv_cache.cache_row(self.model.head_dim, config.kv_cache_dtype, self.dtype)
+        kv_shape = (self.block_size, self.model.num_kv_heads, row)
         # The compiled kernels are fp32 and cover the usual head sizes; otherwise PyTorch's ops run.
         self.use_kernels = (
             self.dtype == torch.float32
@@ -45,16 +50,17 @@ class ModelRunner:
         )
         if self.use_kernels:
             self.model.pack_linears()
-        self.num_kv_blocks = config.num_kv_blocks or max(
-            1, int(config.kv_cache_memory_gb * 2**30) // bytes_per_block
+        self.num_kv_blocks = config.num_kv_blocks or int8_kv_cache.pool_blocks(
+            config.kv_cache_memory_gb, num_layers, kv_shape, kv_dtype
         )
         # One preallocated tensor holds every layer's keys and values: [layers, 2, blocks, block, heads, dim].
-        self.kv_cache = torch.zeros(num_layers, 2, self.num_kv_blocks, *kv_shape, dtype=self.dtype)
+        self.kv_cache = torch.zeros(num_layers, 2, self.num_kv_blocks, *kv_shape, dtype=kv_dtype)
         log.info(
-            "KV cache: %d blocks of %d tokens (%.0f MiB)",
+            "KV cache: %d blocks of %d tokens (%.0f MiB, %s)",
             self.num_kv_blocks,
             self.block_size,
-            self.kv_cache.numel() * self.dtype.itemsize / 2**20,
+            self.kv_cache.numel() * kv_dtype.itemsize / 2**20,
+            kv_dtype,
         )
 
     @torch.inference_mode()

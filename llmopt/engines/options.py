@@ -33,6 +33,9 @@ class ServeOptions:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
+    inflight_prefix_sharing: bool = True  # llmopt's own: no peer has it (keyword only in cli/serve.py)
+    kv_cache_dtype: str = "auto"  # llmopt's "int8" (keyword only in cli/serve.py); peers: not translated
+    lm_head_dtype: str = "auto"  # llmopt's int8 output layer (keyword only in cli/serve.py)
 
     @classmethod
     def from_args(cls, model: str | None, args: dict, port: int) -> ServeOptions:

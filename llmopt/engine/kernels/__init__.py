@@ -21,7 +21,7 @@ from llmopt.checkpoints import cache_dir
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent
 # What the decode-attention kernel handles (see cpu_kernels.cpp); other models use PyTorch's SDPA.
-HEAD_DIMS = (32, 64, 128)
+HEAD_DIMS = (32, 64, 128, 256)
 MAX_GROUP = 16
 MAX_BLOCK_SIZE = 64
 

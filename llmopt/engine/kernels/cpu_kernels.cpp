@@ -18,6 +18,19 @@
 #include <limits>
 #include <vector>
 
+namespace llmopt_quant {  // quantized_matmul.cpp: packed int4 / int8 weights x int8 activations
+at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
+}
+
+namespace llmopt_int8_kv {  // int8_kv_attention.cpp: the int8 KV cache's write and decode attention
+at::Tensor paged_decode_attention_int8(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                       const at::Tensor& block_tables, const at::Tensor& context_lens,
+                                       double scale, int64_t window);
+at::Tensor rope_and_cache_int8(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& slots,
+                               int64_t heads);
+}  // namespace llmopt_int8_kv
+
 namespace {
 
 constexpr int kMaxGroup = 16;
@@ -123,7 +136,7 @@ void add_weighted_values(const float* weights, const float* v, int64_t row, int6
 template <int D>
 void decode_heads(const float* q, const float* k_cache, const float* v_cache, const int64_t* block_table,
                   int64_t context_len, int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t group,
-                  float scale, float* out) {
+                  float scale, int64_t window, float* out) {
   // q and out: [group, D], the query heads of this KV head. One block of the context at a time: scores
   // for the whole block, one rescale of the running sums per block, then the weighted values.
   alignas(64) float acc[kMaxGroup][D] = {};
@@ -134,11 +147,15 @@ void decode_heads(const float* q, const float* k_cache, const float* v_cache, co
     running_sum[g] = 0.f;
   }
   const int64_t row = kv_heads * D;  // floats between consecutive tokens of one block
-  for (int64_t start = 0; start < context_len; start += block_size) {
-    const int64_t n = std::min(block_size, context_len - start);
+  // A sliding window reads only the last `window` positions: blocks before it are skipped, and the
+  // first block read starts at the window's first token.
+  const int64_t first = window > 0 ? std::max<int64_t>(0, context_len - window) : 0;
+  for (int64_t start = first / block_size * block_size; start < context_len; start += block_size) {
+    const int64_t skip = std::max<int64_t>(0, first - start);
+    const int64_t n = std::min(block_size, context_len - start) - skip;
     const int64_t block = block_table[start / block_size];
-    const float* k = k_cache + (block * block_size * kv_heads + kv_head) * D;
-    const float* v = v_cache + (block * block_size * kv_heads + kv_head) * D;
+    const float* k = k_cache + ((block * block_size + skip) * kv_heads + kv_head) * D;
+    const float* v = v_cache + ((block * block_size + skip) * kv_heads + kv_head) * D;
     if (start + block_size < context_len) {
       // Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming:
       // ask for this head's rows of it while this block is computed.
@@ -175,9 +192,11 @@ void decode_heads(const float* q, const float* k_cache, const float* v_cache, co
 }
 
 // q: [B, heads, D] fp32; k_cache, v_cache: [blocks, block_size, kv_heads, D] fp32;
-// block_tables: [B, max_blocks] int64; context_lens: [B] int64. Returns [B, heads, D].
+// block_tables: [B, max_blocks] int64; context_lens: [B] int64; window: attend to the last `window`
+// positions only (0: the whole context). Returns [B, heads, D].
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& block_tables, const at::Tensor& context_lens, double scale,
+                                  int64_t window) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat, "fp32 only");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(), "contiguous inputs");
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
@@ -199,11 +218,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const float* qh = qp + (b * heads + h * group) * dim;
       float* oh = op + (b * heads + h * group) * dim;
       const int64_t* table = tp + b * max_blocks;
+      const float sc = (float)scale;
       switch (dim) {
-        case 32: decode_heads<32>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
-        case 64: decode_heads<64>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
-        case 128: decode_heads<128>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, (float)scale, oh); break;
-        default: TORCH_CHECK(false, "head_dim must be 32, 64 or 128");
+        case 32: decode_heads<32>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, sc, window, oh); break;
+        case 64: decode_heads<64>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, sc, window, oh); break;
+        case 128: decode_heads<128>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, sc, window, oh); break;
+        case 256: decode_heads<256>(qh, kp, vp, table, lp[b], block_size, kv_heads, h, group, sc, window, oh); break;
+        default: TORCH_CHECK(false, "head_dim must be 32, 64, 128 or 256");
       }
     }
   });
@@ -407,6 +428,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // QuantizedLinear does.
 at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
   if (w.scalar_type() == at::kFloat) return packed_linear(x, w, w.size(0) * kPanel);
+  // fp32 scales: the packed int4 / int8 panels of llmopt/engine/layers/quantized_panels.py.
+  if (scales.scalar_type() == at::kFloat) return llmopt_quant::quantized_matmul(x, w, scales);
   const at::Tensor x16 = x.to(at::kBFloat16);
   if (w.scalar_type() == at::kChar) return at::_weight_int8pack_mm(x16, w, scales).to(at::kFloat);
   TORCH_CHECK(w.scalar_type() == at::kByte && scales.dim() == 3, "int4 weights with [groups, out, 2] scales");
@@ -423,15 +446,21 @@ at::Tensor decode_layers(const at::Tensor& embeddings, std::vector<at::Tensor> w
                          const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& context_lens,
                          int64_t heads) {
   TORCH_CHECK(weights.size() % 10 == 0 && (int64_t)weights.size() / 10 == kv_cache.size(0), "10 a layer");
-  const int64_t tokens = embeddings.size(0), dim = kv_cache.size(-1);
+  // An int8 cache (rows of D int8 values and a 4-byte scale) has its own write and attention.
+  const bool int8 = kv_cache.scalar_type() == at::kChar;
+  const int64_t tokens = embeddings.size(0), dim = kv_cache.size(-1) - (int8 ? 4 : 0);
   const double scale = 1.0 / std::sqrt((double)dim);
   at::Tensor hidden = embeddings.contiguous().clone();
   for (int64_t layer = 0; layer < kv_cache.size(0); ++layer) {
     const at::Tensor* w = weights.data() + 10 * layer;
     const at::Tensor k_cache = kv_cache[layer][0], v_cache = kv_cache[layer][1];
     at::Tensor x = rms_norm(hidden, w[0], eps);
-    at::Tensor q = rope_and_cache(any_linear(x, w[1], w[2]), cos, sin, k_cache, v_cache, slots, heads);
-    at::Tensor attn = paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale);
+    const at::Tensor qkv = any_linear(x, w[1], w[2]);
+    at::Tensor q = int8 ? llmopt_int8_kv::rope_and_cache_int8(qkv, cos, sin, k_cache, v_cache, slots, heads)
+                        : rope_and_cache(qkv, cos, sin, k_cache, v_cache, slots, heads);
+    at::Tensor attn =
+        int8 ? llmopt_int8_kv::paged_decode_attention_int8(q, k_cache, v_cache, block_tables, context_lens, scale, 0)
+             : paged_decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, 0);
     hidden.add_(any_linear(attn.view({tokens, -1}), w[3], w[4]));
     x = rms_norm(hidden, w[5], eps);
     hidden.add_(any_linear(silu_mul(any_linear(x, w[6], w[7])), w[8], w[9]));

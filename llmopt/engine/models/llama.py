@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rotate_half
+from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache
 from llmopt.engine.layers.linear import PANEL, kernel_weights, matmul, pack_panels
+from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
 from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
@@ -55,13 +56,11 @@ class DecoderLayer(torch.nn.Module):
         x = rms_norm(hidden, self.input_norm, self.eps, meta.use_kernels)
         hidden.add_(self.attention(x, kv_cache, meta))
         x = rms_norm(hidden, self.post_attention_norm, self.eps, meta.use_kernels)
-        gate_up = matmul(x, self.gate_up_weight)
-        if meta.use_kernels:
-            act = torch.ops.llmopt.silu_mul(gate_up)
-        else:
-            gate, up = gate_up.chunk(2, dim=-1)
-            act = F.silu(gate) * up
-        return hidden.add_(matmul(act, self.down_weight))
+        return hidden.add_(self.feed_forward(x, meta.use_kernels))
+
+    def feed_forward(self, x: torch.Tensor, use_kernels: bool) -> torch.Tensor:
+        """The MLP after attention (a mixture of experts in models/moe.py overrides it)."""
+        return gated_mlp(x, self.gate_up_weight, self.down_weight, use_kernels)
 
     def attention(self, x: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -74,18 +73,7 @@ class DecoderLayer(torch.nn.Module):
             qkv = torch.cat((q_normed.flatten(1), k_normed.flatten(1), qkv[:, (heads + kv_heads) * dim :]), 1)
         # kv_cache: [2, num_blocks, block_size, num_kv_heads, head_dim]
         k_cache, v_cache = kv_cache[0], kv_cache[1]
-        if meta.use_kernels:  # rotary embedding and the cache writes in one pass
-            q = torch.ops.llmopt.rope_and_cache(
-                qkv, meta.cos, meta.sin, k_cache, v_cache, meta.slot_mapping, heads
-            )
-        else:
-            qk = qkv[:, : (heads + kv_heads) * dim].view(num_tokens, heads + kv_heads, dim)
-            v = qkv[:, (heads + kv_heads) * dim :].view(num_tokens, kv_heads, dim)
-            # Rotary embedding on q and k together: one set of ops for both.
-            qk = qk * meta.cos + rotate_half(qk) * meta.sin
-            q, k = qk[:, :heads], qk[:, heads:]
-            k_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, k)
-            v_cache.view(-1, kv_heads, dim).index_copy_(0, meta.slot_mapping, v)
+        q = rope_and_cache(qkv, k_cache, v_cache, meta, heads, kv_heads, dim)
 
         out = paged_attention(q, k_cache, v_cache, meta, kv_heads, dim)
         return matmul(out.view(num_tokens, -1), self.o_weight)
@@ -100,9 +88,7 @@ class LlamaForCausalLM(torch.nn.Module):
         self.embed = torch.nn.Parameter(
             torch.empty(config.vocab_size, config.hidden_size), requires_grad=False
         )
-        self.layers = torch.nn.ModuleList(
-            DecoderLayer(config, self.head_dim) for _ in range(config.num_hidden_layers)
-        )
+        self.layers = torch.nn.ModuleList(self.make_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = torch.nn.Parameter(torch.empty(config.hidden_size), requires_grad=False)
         self.lm_head_t = torch.nn.Parameter(  # [hidden, vocab], transposed like every linear
             torch.empty(config.hidden_size, config.vocab_size), requires_grad=False
@@ -111,6 +97,10 @@ class LlamaForCausalLM(torch.nn.Module):
         # and the most rows it runs (quantized layers dequantize for large batches, in Python).
         self.decode_weights: list[torch.Tensor] | None = None
         self.decode_max_rows = 0
+        self.fused_decode = True  # whether decode_layers can run these layers (dense Llama layers only)
+
+    def make_layer(self, config: PretrainedConfig, index: int) -> DecoderLayer:
+        return DecoderLayer(config, self.head_dim)
 
     def forward(
         self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -142,10 +132,12 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def pack_linears(self) -> None:
         """Re-lay every dense fp32 linear in panels for the compiled kernel; quantized ones keep theirs."""
-        for module in (self, *self.layers):
+        for module in list(self.modules()):  # the layers' linears, and the experts' of MoE layers
             for name, param in list(module.named_parameters(recurse=False)):
                 if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
+        if not self.fused_decode:
+            return
         linears = [[kernel_weights(w) for w in layer_linears(layer)] for layer in self.layers]
         plain = all(layer.qkv_bias is None and layer.q_norm is None for layer in self.layers)
         if plain and all(w is not None for ws in linears for w in ws):

@@ -12,8 +12,13 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from llmopt.engine.formats import QuantizedWeight, checkpoint_quantization, take_quantized
+from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES, read_gguf
+from llmopt.engine.layers.lm_head import output_layer
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
+from llmopt.engine.models.gemma3 import MODEL_TYPES as GEMMA3_TYPES
+from llmopt.engine.models.gemma3 import Gemma3ForCausalLM, Gemma3Layer
 from llmopt.engine.models.llama import DecoderLayer, LlamaForCausalLM
+from llmopt.engine.models.moe import MOE_MODEL_TYPES, MoeDecoderLayer, MoeForCausalLM
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +39,18 @@ class CheckpointWeights:
     """A checkpoint's tensors, popped as the model takes them, so that what is left at the end is what the
     model does not use (an error: it would mean a layer the architecture does not know)."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype):
-        self.tensors = read_safetensors(model_dir)
-        self.qconfig = checkpoint_quantization(model_dir)
+    def __init__(self, model_dir: Path, dtype: torch.dtype, gguf: Path | None = None):
+        # From a GGUF file, its quantized linears (by layer prefix) are kept as the file has them.
+        self.native: dict[str, QuantizedWeight] = {}
+        if gguf is None:
+            self.tensors = read_safetensors(model_dir)
+            self.qconfig = checkpoint_quantization(model_dir)
+        else:
+            config = AutoConfig.from_pretrained(model_dir)
+            heads = config.num_attention_heads, config.num_key_value_heads
+            self.tensors, self.native = read_gguf(gguf, *heads)
+            self.qconfig = None
+        self.gguf = gguf
         self.dtype = dtype
 
     def __contains__(self, name: str) -> bool:
@@ -52,7 +66,10 @@ class CheckpointWeights:
         """One (fused) linear layer from the checkpoint's layers `prefix + name`, stored [in, out]."""
         qconfig = self.qconfig
         quantized = [take_quantized(self.tensors, prefix + n, qconfig) for n in names] if qconfig else []
-        if quantized and all(quantized):
+        if self.gguf:
+            quantized = [self.native.pop(prefix + n, None) for n in names]
+        # GGUF mixes types per layer (Q4_K_M: a Q6_K v beside Q4_K q and k); such a fusion runs dense.
+        if quantized and all(quantized) and len({(q.bits, q.group_size) for q in quantized}) == 1:
             return QuantizedLinear(QuantizedWeight.cat(quantized), prefix + "+".join(names))
         # A dense layer, or (rarely) a fusion of dense and quantized parts: run it dense.
         parts = [
@@ -73,7 +90,7 @@ class CheckpointWeights:
             )
 
     def assert_all_used(self) -> None:
-        leftover = [n for n in self.tensors if "rotary_emb" not in n]
+        leftover = [n for n in self.tensors if "rotary_emb" not in n] + list(self.native)
         assert not leftover, f"weights the model does not use: {leftover[:5]}"
 
 
@@ -89,8 +106,13 @@ def load_layer(layer: DecoderLayer, weights: CheckpointWeights, prefix: str) -> 
     if attn + "q_proj.bias" in weights:
         layer.qkv_bias = weights.param(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
     set_linear(layer, "o_weight", weights.linear(attn, "o_proj"))
-    set_linear(layer, "gate_up_weight", weights.linear(prefix + "mlp.", "gate_proj", "up_proj"))
-    set_linear(layer, "down_weight", weights.linear(prefix + "mlp.", "down_proj"))
+    if isinstance(layer, MoeDecoderLayer):
+        from llmopt.engine.models.moe_loader import load_moe  # it imports this module
+
+        load_moe(layer.moe, weights, prefix)
+    else:
+        set_linear(layer, "gate_up_weight", weights.linear(prefix + "mlp.", "gate_proj", "up_proj"))
+        set_linear(layer, "down_weight", weights.linear(prefix + "mlp.", "down_proj"))
     layer.input_norm = weights.param(prefix + "input_layernorm.weight")
     layer.post_attention_norm = weights.param(prefix + "post_attention_layernorm.weight")
     if attn + "q_norm.weight" in weights:
@@ -98,21 +120,74 @@ def load_layer(layer: DecoderLayer, weights: CheckpointWeights, prefix: str) -> 
         layer.k_norm = weights.param(attn + "k_norm.weight")
 
 
-def load_model(model_dir: Path, dtype: torch.dtype) -> LlamaForCausalLM:
+def load_model(
+    model_dir: Path, dtype: torch.dtype, gguf: Path | None = None, lm_head_dtype: str = "auto"
+) -> LlamaForCausalLM:
+    """The model of `model_dir`; with `gguf`, its weights read from that file at the file's own
+    precision (config and tokenizer still come from `model_dir`, the file's converted folder)."""
     config = AutoConfig.from_pretrained(model_dir)
-    weights = CheckpointWeights(model_dir, dtype)
+    if config.model_type in GEMMA3_TYPES:  # from its converted folder (read_gguf maps Llama's layout)
+        return load_gemma3(config, CheckpointWeights(model_dir, dtype), lm_head_dtype)
+    if gguf and config.model_type not in NATIVE_MODEL_TYPES:
+        log.warning("%s: GGUF weights of %s models run dequantized (fp32)", gguf.name, config.model_type)
+        gguf = None
+    weights = CheckpointWeights(model_dir, dtype, gguf)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = MoeForCausalLM(config) if config.model_type in MOE_MODEL_TYPES else LlamaForCausalLM(config)
     model.embed = weights.param("model.embed_tokens.weight")
     model.norm = weights.param("model.norm.weight")
-    has_head = any(n.startswith("lm_head.") for n in weights.tensors)
+    has_head = any(n.startswith("lm_head") for n in (*weights.tensors, *weights.native))
     if has_head and not getattr(config, "tie_word_embeddings", False):
         set_linear(model, "lm_head_t", weights.linear("", "lm_head"))
     else:
         weights.tensors.pop("lm_head.weight", None)
+        weights.native.pop("lm_head", None)
         model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
+    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype))
     for i, layer in enumerate(model.layers):
         load_layer(layer, weights, f"model.layers.{i}.")
+    weights.drop_activation_scales()
+    weights.assert_all_used()
+    return model.eval()
+
+
+def gemma_norm(weights: CheckpointWeights, name: str) -> torch.nn.Parameter:
+    """Gemma's RMSNorm scales by (1 + weight): stored with the 1 added, so the plain norm kernel runs."""
+    return torch.nn.Parameter(
+        (1.0 + weights.tensors.pop(name).float()).to(weights.dtype), requires_grad=False
+    )
+
+
+def load_gemma3_layer(layer: Gemma3Layer, weights: CheckpointWeights, prefix: str) -> None:
+    attn = prefix + "self_attn."
+    set_linear(layer, "qkv_weight", weights.linear(attn, "q_proj", "k_proj", "v_proj"))
+    set_linear(layer, "o_weight", weights.linear(attn, "o_proj"))
+    set_linear(layer, "gate_up_weight", weights.linear(prefix + "mlp.", "gate_proj", "up_proj"))
+    set_linear(layer, "down_weight", weights.linear(prefix + "mlp.", "down_proj"))
+    for attr, name in (
+        ("input_norm", "input_layernorm"),
+        ("post_attention_norm", "post_attention_layernorm"),
+        ("pre_feedforward_norm", "pre_feedforward_layernorm"),
+        ("post_feedforward_norm", "post_feedforward_layernorm"),
+        ("q_norm", "self_attn.q_norm"),
+        ("k_norm", "self_attn.k_norm"),
+    ):
+        setattr(layer, attr, gemma_norm(weights, f"{prefix}{name}.weight"))
+
+
+def load_gemma3(config, weights: CheckpointWeights, lm_head_dtype: str) -> Gemma3ForCausalLM:
+    with torch.device("meta"):
+        model = Gemma3ForCausalLM(config)
+    model.embed = weights.param("model.embed_tokens.weight")
+    model.norm = gemma_norm(weights, "model.norm.weight")
+    if "lm_head.weight" in weights and not getattr(config, "tie_word_embeddings", True):
+        set_linear(model, "lm_head_t", weights.linear("", "lm_head"))
+    else:
+        weights.tensors.pop("lm_head.weight", None)
+        model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
+    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype))
+    for i, layer in enumerate(model.layers):
+        load_gemma3_layer(layer, weights, f"model.layers.{i}.")
     weights.drop_activation_scales()
     weights.assert_all_used()
     return model.eval()
