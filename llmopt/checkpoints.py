@@ -52,6 +52,7 @@ def gemma3_gguf_path() -> Path:
     target = cache_dir().parent / "gguf" / package.MODEL_NAME
     return package.assemble(target)  # a file already there is only checked
 
+
 def resolve_model(model: str | None = None) -> Path:
     """Return the folder of an HF checkpoint (config.json + safetensors + tokenizer) for `model`."""
     if model is None or model == DEFAULT_MODEL:
