@@ -143,9 +143,10 @@ def load_model(
         weights.tensors.pop("lm_head.weight", None)
         weights.native.pop("lm_head", None)
         model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
-    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype))
     for i, layer in enumerate(model.layers):
         load_layer(layer, weights, f"model.layers.{i}.")
+    quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype, quantized))
     weights.drop_activation_scales()
     weights.assert_all_used()
     return model.eval()

@@ -31,6 +31,9 @@ def test_an_int8_head_runs_quantized_and_gives_the_same_logits():
     fp32_logits, int8_logits = matmul(hidden, head_t), matmul(hidden, int8)
     assert (fp32_logits - int8_logits).abs().max() < 0.02 * fp32_logits.abs().max()
     assert output_layer(head_t, "float32") is head_t and output_layer(head_t, "auto") is head_t
+    # "auto" is int8 beside quantized layers (an fp32 model keeps its fp32 head, equal to transformers)
+    assert isinstance(output_layer(head_t, "auto", quantized_body=True), QuantizedLinear)
+    assert output_layer(head_t, "float32", quantized_body=True) is head_t
     assert output_layer(int8, "int8") is int8  # a head the checkpoint quantized stays as it is
 
 
