@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache
-from llmopt.engine.layers.linear import PANEL, kernel_weights, matmul, pack_panels
+from llmopt.engine.layers.linear import PANEL, PANEL_KERNEL_MAX_ROWS, kernel_weights, matmul, pack_panels
 from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
 from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
@@ -144,7 +144,8 @@ class LlamaForCausalLM(torch.nn.Module):
             quantized = any(
                 isinstance(w, QuantizedLinear) for layer in self.layers for w in layer_linears(layer)
             )
-            self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else 2**31
+            # fp32: one call only while the panel kernel is the faster (PANEL_KERNEL_MAX_ROWS)
+            self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else PANEL_KERNEL_MAX_ROWS
             self.decode_weights = [  # the order decode_layers reads them in, ten a layer
                 t
                 for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
