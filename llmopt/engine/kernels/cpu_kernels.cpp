@@ -18,6 +18,8 @@
 #include <limits>
 #include <vector>
 
+#include "vector_math.h"  // sum_lanes: the sums of a block's 16 dot-product vectors
+
 namespace llmopt_quant {  // quantized_matmul.cpp: packed int4 / int8 weights x int8 activations
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
 }
@@ -62,26 +64,6 @@ inline void exp_inplace(float* x, int64_t n) {
 #endif
 }
 
-#ifdef __AVX512F__
-// The sum of each of 16 vectors, as one vector: out[t] = sum of v[t]'s lanes (a transposing tree of
-// shuffles and adds, instead of 16 separate horizontal sums).
-inline __m512 sum16(const __m512* v) {
-  __m512 w[8], x[4];
-  for (int i = 0; i < 8; ++i)
-    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i)
-    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 x01 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(x[0], x[1], _MM_SHUFFLE(3, 2, 3, 2)));
-  const __m512 x23 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                                   _mm512_shuffle_f32x4(x[2], x[3], _MM_SHUFFLE(3, 2, 3, 2)));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(2, 0, 2, 0)),
-                       _mm512_shuffle_f32x4(x01, x23, _MM_SHUFFLE(3, 1, 3, 1)));
-}
-#endif
-
 // scores[t] = scale * q . k[t * row] for the n (<= kMaxBlock) keys of one block.
 template <int D>
 void block_scores(const float* q, const float* k, int64_t row, int64_t n, float scale, float* scores) {
@@ -98,7 +80,7 @@ void block_scores(const float* q, const float* k, int64_t row, int64_t n, float 
       for (int i = 0; i < kVecs; ++i) dots[t] = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(kt + 16 * i), dots[t]);
     }
     const __mmask16 mask = n - t0 >= 16 ? 0xFFFF : (1u << (n - t0)) - 1;
-    _mm512_mask_storeu_ps(scores + t0, mask, _mm512_mul_ps(sum16(dots), _mm512_set1_ps(scale)));
+    _mm512_mask_storeu_ps(scores + t0, mask, _mm512_mul_ps(llmopt_simd::sum_lanes(dots), _mm512_set1_ps(scale)));
   }
 #else
   for (int64_t t = 0; t < n; ++t) {

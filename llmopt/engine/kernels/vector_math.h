@@ -28,7 +28,8 @@ inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_
 inline Vec vpow2(Vec p, Vec k) { return _mm512_scalef_ps(p, k); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
 // kLanes int8 values as floats.
-// out[t] = the sum of v[t]'s lanes, for 16 vectors (a transposing tree, as cpu_kernels.cpp's sum16).
+// out[t] = the sum of v[t]'s lanes, for 16 vectors: a transposing tree of shuffles and adds, instead of
+// 16 separate horizontal sums (cpu_kernels.cpp's block_scores and the int8 kernel use it).
 inline Vec sum_lanes(const Vec* v) {
   __m512 w[8], x[4];
   for (int i = 0; i < 8; ++i)
