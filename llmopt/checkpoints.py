@@ -76,10 +76,13 @@ def resolve_model(model: str | None = None) -> Path:
 
 
 def gguf_file(model: str | None = None) -> Path | None:
-    """The .gguf file behind `model` (the bundled default or a .gguf path), or None for an HF folder:
-    the engine can read its quantized tensors natively (`--dtype auto`) instead of the converted copy."""
+    """The .gguf file behind `model` (the bundled default, gemma3-270m or a .gguf path), or None for an
+    HF folder: the engine can read its quantized tensors natively (`--dtype auto`) instead of the
+    converted copy."""
     if model is None or model == DEFAULT_MODEL:
         return bundled_gguf_path()
+    if model == GEMMA3_MODEL:
+        return gemma3_gguf_path()
     path = Path(model).expanduser()
     return path if path.is_file() and path.suffix == ".gguf" else None
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from gguf import GGUFWriter, TokenType
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import quantize
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
 from llmopt.checkpoints import GEMMA3_TENSORS, convert_gguf
@@ -15,7 +16,14 @@ CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
 PIECES = ["▁", "a", "b", "c", "ab", "▁a", "▁ab", "abc", "▁abc"]  # best score first, as SentencePiece ranks
 
 
-def write_gemma3_gguf(path, model: torch.nn.Module, config: Gemma3TextConfig) -> None:
+def write_gemma3_gguf(
+    path,
+    model: torch.nn.Module,
+    config: Gemma3TextConfig,
+    qtypes: dict[str, GGMLQuantizationType] | None = None,
+) -> None:
+    """`qtypes`: llama.cpp's short tensor name ("attn_q", "token_embd") -> the type it is written as
+    (fp32 where none is given)."""
     writer = GGUFWriter(str(path), "gemma3")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
@@ -54,7 +62,11 @@ def write_gemma3_gguf(path, model: torch.nn.Module, config: Gemma3TextConfig) ->
         else:
             layer, part = name.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
             gguf_name = f"blk.{layer}.{names[part]}.weight"
-        writer.add_tensor(gguf_name, np.ascontiguousarray(data))
+        qtype = (qtypes or {}).get(gguf_name.removesuffix(".weight").rpartition(".")[2])
+        if qtype is None:
+            writer.add_tensor(gguf_name, np.ascontiguousarray(data))
+        else:
+            writer.add_tensor(gguf_name, quantize(np.ascontiguousarray(data), qtype), raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,7 +1,8 @@
-"""GGUF files read natively: the blocks of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K tensors brought into the
-canonical QuantizedWeight (w = (q - zero) * scale per group), vectorised over all blocks at once, with
-the tensors renamed to the Hugging Face names the loader takes. Every other tensor (F32/F16 norms and
-embeddings, quant types without a clean mapping) is dequantized by the `gguf` package."""
+"""GGUF files read natively: the blocks of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K tensors brought into
+the canonical QuantizedWeight (w = (q - zero) * scale per group), vectorised over all blocks at once, with
+the tensors renamed to the Hugging Face names the loader takes (Llama's layout, or Gemma 3's). Every
+other tensor (F32/F16 norms and embeddings, quant types without a clean mapping) is dequantized by the
+`gguf` package."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import Q4_K, dequantize
 
+from llmopt.checkpoints import GEMMA3_TENSORS
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,10 @@ LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
-# The model types whose GGUF layout read_gguf maps (MoE experts and Gemma's norms it does not).
-NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# The model types whose GGUF layout read_gguf maps (MoE experts it does not).
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# Per architecture, llama.cpp's layer tensor names -> the HF ones (Gemma 3: four norms a layer).
+ARCHITECTURE_NAMES = {"gemma3": GEMMA3_TENSORS}
 # llama.cpp's converter interleaves the rows of q and k of these architectures for its rope layout.
 PERMUTED_ARCHITECTURES = ("llama",)
 # Tensors the engine derives itself (llama 3's precomputed rope frequencies).
@@ -80,6 +84,15 @@ def q4_1(blocks: np.ndarray) -> Blocks:  # w = d * q + m
     return q, d, zero
 
 
+def q5_0(blocks: np.ndarray) -> Blocks:
+    """w = d * (q - 16) with 5-bit q: low nibbles as Q4_0's, bit j of the 32-bit qh the fifth bit of
+    value j. No kernel takes 5 bits, so the values are widened, exactly, to the int8 layout: symmetric,
+    stored q - 16 + 128 around zero point 128, as Q8_0 (llama.cpp's Q5_0 dot product is the same sum)."""
+    fifth = np.unpackbits(blocks[:, 2:6], axis=1, bitorder="little")
+    q = nibbles(blocks[:, 6:], 16) | (fifth << 4)
+    return q + np.uint8(112), half(blocks, 0), np.full((len(blocks), 1), 128.0, np.float32)
+
+
 def q8_0(blocks: np.ndarray) -> Blocks:  # w = d * q, q signed: stored unsigned as q + 128
     q = (blocks[:, 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
     return q, half(blocks, 0), np.full((len(blocks), 1), 128.0, np.float32)
@@ -114,6 +127,7 @@ def q6_k(blocks: np.ndarray) -> Blocks:
 NATIVE: dict[GGMLQuantizationType, tuple[Callable[[np.ndarray], Blocks], int, int, int]] = {
     T.Q4_0: (q4_0, 4, 32, 32),
     T.Q4_1: (q4_1, 4, 32, 32),
+    T.Q5_0: (q5_0, 8, 32, 32),
     T.Q8_0: (q8_0, 8, 32, 32),
     T.Q4_K: (q4_k, 4, 256, 32),
     T.Q6_K: (q6_k, 6, 256, 16),
@@ -138,14 +152,14 @@ def to_quantized(data: np.ndarray, qtype: GGMLQuantizationType, in_features: int
     )
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, layer_names: dict[str, str] = LAYER_NAMES) -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for tensors we skip."""
     base, _, suffix = name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{suffix}"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{suffix}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{suffix}"
     if any(s in name for s in SKIPPED):
         return None
     raise ValueError(f"GGUF tensor {name!r} has no counterpart in llmopt's model")
@@ -166,30 +180,37 @@ def take_rows(value: torch.Tensor | QuantizedWeight, order: torch.Tensor) -> tor
     return value[order]
 
 
+def read_tensor(tensor: ReaderTensor, name: str) -> torch.Tensor | QuantizedWeight:
+    """A linear layer of a native type in canonical form; anything else dequantized to fp32."""
+    qtype = tensor.tensor_type
+    if (name.endswith("_proj.weight") or name == "lm_head.weight") and qtype in NATIVE:
+        return to_quantized(tensor.data, qtype, int(tensor.shape[0]))
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    return torch.from_numpy(np.array(dequantize(tensor.data, qtype), np.float32).reshape(shape))
+
+
 def read_gguf(
     path: Path, num_heads: int, num_kv_heads: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, QuantizedWeight]]:
     """(dense fp32 tensors, quantized linear weights by layer prefix) of a GGUF file, in HF names.
-    Only linear layers stay quantized: embeddings and norms are read as fp32."""
+    Only linear layers stay quantized: embeddings and norms are read as fp32. Gemma 3's norms come back
+    as its checkpoints hold them (llama.cpp's converter added 1 to each), and its tied output layer as
+    the file's quantized embedding, which is what llama.cpp multiplies by."""
     reader = GGUFReader(path)
     architecture = str(reader.fields["general.architecture"].contents())
+    layer_names = ARCHITECTURE_NAMES.get(architecture, LAYER_NAMES)
+    tied_head = architecture == "gemma3" and all(t.name != "output.weight" for t in reader.tensors)
     dense: dict[str, torch.Tensor] = {}
     quantized: dict[str, QuantizedWeight] = {}
     fallback: Counter[str] = Counter()
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, layer_names)
         if name is None:
             continue
         qtype = tensor.tensor_type
-        linear = name.endswith("_proj.weight") or name == "lm_head.weight"
-        value: torch.Tensor | QuantizedWeight
-        if linear and qtype in NATIVE:
-            value = to_quantized(tensor.data, qtype, int(tensor.shape[0]))
-        else:
-            if qtype not in DENSE_TYPES and qtype not in NATIVE:
-                fallback[qtype.name] += 1
-            shape = tuple(int(n) for n in reversed(tensor.shape))
-            value = torch.from_numpy(np.array(dequantize(tensor.data, qtype), np.float32).reshape(shape))
+        if qtype not in DENSE_TYPES and qtype not in NATIVE:
+            fallback[qtype.name] += 1
+        value = read_tensor(tensor, name)
         heads = {"self_attn.q_proj": num_heads, "self_attn.k_proj": num_kv_heads}
         head_count = next((h for key, h in heads.items() if f".{key}." in name), None)
         if architecture in PERMUTED_ARCHITECTURES and head_count:
@@ -197,8 +218,12 @@ def read_gguf(
             value = take_rows(value, unpermute_rows(rows, head_count))
         if isinstance(value, QuantizedWeight):
             quantized[name.removesuffix(".weight")] = value
+        elif architecture == "gemma3" and name.endswith("norm.weight"):
+            dense[name] = value.float() - 1.0
         else:
             dense[name] = value.float()
+        if tied_head and tensor.name == "token_embd.weight" and qtype in NATIVE:
+            quantized["lm_head"] = to_quantized(tensor.data, qtype, int(tensor.shape[0]))
     if fallback:
         log.warning(
             "%s: GGUF types %s are not served natively; those tensors run dequantized (fp32)",

@@ -126,12 +126,12 @@ def load_model(
     """The model of `model_dir`; with `gguf`, its weights read from that file at the file's own
     precision (config and tokenizer still come from `model_dir`, the file's converted folder)."""
     config = AutoConfig.from_pretrained(model_dir)
-    if config.model_type in GEMMA3_TYPES:  # from its converted folder (read_gguf maps Llama's layout)
-        return load_gemma3(config, CheckpointWeights(model_dir, dtype), lm_head_dtype)
     if gguf and config.model_type not in NATIVE_MODEL_TYPES:
         log.warning("%s: GGUF weights of %s models run dequantized (fp32)", gguf.name, config.model_type)
         gguf = None
     weights = CheckpointWeights(model_dir, dtype, gguf)
+    if config.model_type in GEMMA3_TYPES:
+        return load_gemma3(config, weights, lm_head_dtype)
     with torch.device("meta"):
         model = MoeForCausalLM(config) if config.model_type in MOE_MODEL_TYPES else LlamaForCausalLM(config)
     model.embed = weights.param("model.embed_tokens.weight")
@@ -181,14 +181,19 @@ def load_gemma3(config, weights: CheckpointWeights, lm_head_dtype: str) -> Gemma
         model = Gemma3ForCausalLM(config)
     model.embed = weights.param("model.embed_tokens.weight")
     model.norm = gemma_norm(weights, "model.norm.weight")
-    if "lm_head.weight" in weights and not getattr(config, "tie_word_embeddings", True):
+    for i, layer in enumerate(model.layers):
+        load_gemma3_layer(layer, weights, f"model.layers.{i}.")
+    tied = getattr(config, "tie_word_embeddings", True)
+    # A tied GGUF's head (read_gguf) is the file's quantized embedding, what llama.cpp multiplies by.
+    gguf_head = "lm_head" in weights.native and not (tied and lm_head_dtype == "float32")
+    if gguf_head or ("lm_head.weight" in weights and not tied):
         set_linear(model, "lm_head_t", weights.linear("", "lm_head"))
     else:
         weights.tensors.pop("lm_head.weight", None)
+        weights.native.pop("lm_head", None)
         model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
-    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype))
-    for i, layer in enumerate(model.layers):
-        load_gemma3_layer(layer, weights, f"model.layers.{i}.")
+    quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
+    set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype, quantized))
     weights.drop_activation_scales()
     weights.assert_all_used()
     return model.eval()

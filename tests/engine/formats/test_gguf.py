@@ -14,14 +14,18 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
+from transformers import AutoModelForCausalLM, Gemma3TextConfig
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from llmopt.checkpoints import bundled_gguf_path
+from llmopt.checkpoints import bundled_gguf_path, convert_gguf
+from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.formats.gguf import NATIVE, hf_name, read_gguf, to_quantized
+from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.models.loader import read_safetensors
 from tests.conftest import PROMPTS
+from tests.test_checkpoints_gemma3 import CONTROL, PIECES, write_gemma3_gguf
 
 RNG = np.random.default_rng(0)
 
@@ -70,10 +74,13 @@ def test_synthetic_blocks_of_each_native_type_dequantize_as_gguf_does(qtype):
     assert_like_gguf(data, qtype, 512)
 
 
-def test_q8_0_and_q4_0_are_symmetric_with_the_canonical_zero_points():
+def test_q8_0_q5_0_and_q4_0_are_symmetric_with_the_canonical_zero_points():
     weight = RNG.standard_normal((4, 64)).astype(np.float32)
     assert set(to_quantized(quantize(weight, T.Q8_0), T.Q8_0, 64).zero.unique().tolist()) == {128.0}
     assert set(to_quantized(quantize(weight, T.Q4_0), T.Q4_0, 64).zero.unique().tolist()) == {8.0}
+    q5 = to_quantized(quantize(weight, T.Q5_0), T.Q5_0, 64)  # widened to int8: the w8a8 kernel runs it
+    assert (q5.bits, set(q5.zero.unique().tolist())) == (8, {128.0})
+    assert int(q5.q.min()) >= 112 and int(q5.q.max()) <= 143  # 5-bit values, q - 16 around 128
 
 
 def test_names_map_onto_the_engines():
@@ -87,8 +94,8 @@ def test_names_map_onto_the_engines():
         hf_name("blk.0.ssm_conv.weight")
 
 
-def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, T]]) -> None:
-    writer = gguf.GGUFWriter(path, "llama")
+def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, T]], arch: str = "llama") -> None:
+    writer = gguf.GGUFWriter(path, arch)
     for name, (data, qtype) in tensors.items():
         writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file()
@@ -106,7 +113,7 @@ def test_unsupported_types_fall_back_with_one_log_line_and_q_k_rows_are_unpermut
         path,
         {
             "blk.0.attn_q.weight": (quantize(q, T.Q8_0), T.Q8_0),
-            "blk.0.attn_k.weight": (quantize(k, T.Q5_0), T.Q5_0),
+            "blk.0.attn_k.weight": (quantize(k, T.Q5_1), T.Q5_1),
             "blk.0.attn_v.weight": (quantize(k, T.Q5_1), T.Q5_1),
             "blk.0.ffn_up.weight": (quantize(q, T.Q5_0), T.Q5_0),
             "blk.0.attn_norm.weight": (np.ones(hidden, np.float32), T.F32),
@@ -115,17 +122,78 @@ def test_unsupported_types_fall_back_with_one_log_line_and_q_k_rows_are_unpermut
     with caplog.at_level(logging.WARNING):
         dense, quantized = read_gguf(path, heads, kv_heads)
     [record] = [r for r in caplog.records if "not served natively" in r.getMessage()]
-    assert "Q5_0 (2 tensors)" in record.getMessage() and "Q5_1 (1 tensors)" in record.getMessage()
-    assert set(quantized) == {"model.layers.0.self_attn.q_proj"}
+    assert "Q5_1 (2 tensors)" in record.getMessage() and "Q5_0" not in record.getMessage()
+    assert set(quantized) == {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"}
     assert dense["model.layers.0.input_layernorm.weight"].shape == (hidden,)
     # transformers' own reversal of llama.cpp's permutation is the reference
     processor = LlamaTensorProcessor({"num_attention_heads": heads, "num_key_value_heads": kv_heads})
     q_file = dequantize(quantize(q, T.Q8_0), T.Q8_0)
     q_ref = processor.process(q_file, "blk.0.attn_q.weight").weights
     assert torch.equal(quantized["model.layers.0.self_attn.q_proj"].dequantize(), torch.from_numpy(q_ref))
-    k_ref = processor.process(dequantize(quantize(k, T.Q5_0), T.Q5_0), "blk.0.attn_k.weight").weights
+    k_ref = processor.process(dequantize(quantize(k, T.Q5_1), T.Q5_1), "blk.0.attn_k.weight").weights
     assert torch.equal(dense["model.layers.0.self_attn.k_proj.weight"], torch.from_numpy(k_ref))
     assert not torch.equal(torch.from_numpy(q_ref), torch.from_numpy(q_file))  # the check can fail
+
+
+def test_gemma3_norms_lose_llamacpps_offset_and_the_tied_head_is_the_quantized_embedding(tmp_path):
+    hidden, vocab = 64, 96
+    embed = RNG.standard_normal((vocab, hidden)).astype(np.float32)
+    norm = RNG.uniform(0.5, 2.0, hidden).astype(np.float32)  # llama.cpp's file holds 1 + w
+    path = tmp_path / "gemma.gguf"
+    tensors = {
+        "token_embd.weight": (quantize(embed, T.Q8_0), T.Q8_0),
+        "blk.0.ffn_norm.weight": (norm, T.F32),
+        "blk.0.post_ffw_norm.weight": (norm, T.F32),
+        "blk.0.ffn_gate.weight": (quantize(embed[:32], T.Q5_0), T.Q5_0),
+    }
+    write_gguf(path, tensors, arch="gemma3")
+    dense, quantized = read_gguf(path, 4, 1)
+    layer = "model.layers.0."
+    for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+        torch.testing.assert_close(dense[f"{layer}{name}.weight"], torch.from_numpy(norm) - 1, rtol=0, atol=0)
+    assert set(quantized) == {"lm_head", layer + "mlp.gate_proj"}
+    assert torch.equal(quantized["lm_head"].dequantize(), dense["model.embed_tokens.weight"])
+
+
+def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp32_copy(tmp_path, monkeypatch):
+    """Q4_K_M's mix on a tiny llama.cpp-style Gemma 3 file: served with dtype "auto" its linears run
+    quantized (Q5_0 widened to int8 beside a Q8_0 v in one fused qkv), the output layer is the file's
+    Q8_0 embedding, and the logits stay near those of the fp32 copy of the same (dequantized) weights."""
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(CONTROL) + 256 + len(PIECES),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=8,
+        max_position_embeddings=128,
+    )
+    model = AutoModelForCausalLM.from_config(config).eval()
+    q5, q8 = T.Q5_0, T.Q8_0
+    qtypes = {"attn_q": q5, "attn_k": q5, "attn_v": q8, "attn_output": T.Q4_0, "ffn_gate": q5, "ffn_up": q5}
+    path = tmp_path / "tiny-gemma3.gguf"
+    write_gemma3_gguf(path, model, config, {**qtypes, "ffn_down": q8, "token_embd": q8})
+    folder = convert_gguf(path)
+    runners = {
+        dtype: ModelRunner(EngineConfig(str(path), dtype, num_kv_blocks=8), folder, max_model_len=64)
+        for dtype in ("auto", "float32")
+    }
+    native = runners["auto"].model
+    assert all(isinstance(layer.qkv_weight, QuantizedLinear) for layer in native.layers)
+    assert isinstance(native.lm_head_t, QuantizedLinear) and isinstance(
+        native.layers[1].o_weight, QuantizedLinear
+    )
+    if kernels.load():  # the panel kernels: int8 activations, as llama.cpp's dot products
+        assert {native.layers[0].qkv_weight.kernel, native.layers[0].gate_up_weight.kernel} == {"w8a8"}
+        assert native.layers[0].o_weight.kernel == "w4a8"
+    ids = [2, *torch.randint(len(CONTROL), config.vocab_size, (15,)).tolist()]
+    quantized, dense = (runner.prompt_logits(ids) for runner in runners.values())
+    assert not torch.equal(quantized, dense)
+    torch.testing.assert_close(quantized, dense, rtol=0, atol=0.05 * float(dense.abs().max()))
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,25 @@
-"""The real Gemma 3 270M (Q4_K_M GGUF from llmopt[gemma]) against llama.cpp's greedy output on the same
-file, recorded once by record_gemma3_llamacpp.py: llmopt's own GGUF -> Gemma 3 conversion (norm offsets,
-tokenizer, layout) and the sliding window, on ten prompts of which three are longer than its 512-token
-window. llmopt computes in fp32 from the dequantized weights and llama.cpp on the quantized ones, so
-the bar is agreement, not identity: >= 90 % of llama.cpp's continuation tokens are llmopt's greedy pick
-too (teacher-forced), and the first 8 greedy tokens are the same on >= 8 of 10 prompts, counting a
-prompt where the two part at a near-tie for llmopt (llama.cpp's pick within 0.25 of llmopt's top logit:
-2 of the 7 short prompts part so at token 2-3) and requiring >= 6 identical outright. Skipped where the
-package is not installed."""
+"""The real Gemma 3 270M (Q4_K_M GGUF from llmopt[gemma]) against llama.cpp on the same file, recorded
+once by record_gemma3_llamacpp.py: llmopt's own GGUF -> Gemma 3 mapping (norm offsets, tokenizer, layout)
+and the sliding window, on ten prompts of which three are longer than its 512-token window, and the
+perplexity of a ~600-token text against llama.cpp's own log-probabilities of it.
+
+Both ways llmopt serves the file: fp32 on the dequantized weights (the default) and `--dtype auto`
+(Q5_0/Q8_0/Q4_K weights quantized, int8 activations in decode-sized batches, the Q8_0 embedding as the
+output layer). Held: >= 90 % of llama.cpp's continuation tokens are llmopt's greedy pick too
+(teacher-forced: 96.3 % fp32, 95.3 % auto), perplexity within 2 % of llama.cpp's (-1.1 % both), and the
+first 8 greedy tokens the same on >= 6 of 10 prompts outright, >= 8 counting a prompt where the two part
+at a near-tie for llmopt (llama.cpp's pick within 0.25 of its top logit). Not met: the issue's ">= 8 of
+10 identical" (fp32 7, auto 6: prefill batches of 128+ rows run dequantized in fp32, so a short prompt's
+numerics depend on what it is batched with; 7 with int8 activations forced everywhere). Skipped where
+the package is not installed."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
+import math
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -22,7 +30,7 @@ from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
-from tests.engine.models.record_gemma3_llamacpp import FIXTURE
+from tests.engine.models.record_gemma3_llamacpp import FIXTURE, LOGPROBS_FIXTURE
 
 pytestmark = [
     pytest.mark.model,
@@ -36,6 +44,16 @@ FIRST = 8
 NEAR_TIE = 0.25  # logits: what llama.cpp's quantized compute moves, per the recorded runs
 
 
+@dataclass
+class Comparison:
+    same_start: list[bool]  # per prompt: the first FIRST greedy tokens are llama.cpp's
+    near_ties: list[bool]  # per prompt: same start, or they part where llama.cpp's pick is a near-tie
+    agree: int  # teacher-forced continuation tokens where llmopt's argmax is llama.cpp's token
+    total: int
+    perplexity: float  # llmopt's, on the logprobs fixture's token ids
+    reference_perplexity: float  # llama.cpp's, from its recorded log-probabilities
+
+
 def continuation_logits(llm: LLM, prompt_ids: list[int], tokens: list[int]) -> torch.Tensor:
     """llmopt's logits [len(tokens), vocab] at each position of llama.cpp's continuation, teacher-forced:
     one forward over prompt + continuation, only the continuation's rows (262k-wide rows add up)."""
@@ -45,26 +63,59 @@ def continuation_logits(llm: LLM, prompt_ids: list[int], tokens: list[int]) -> t
     return runner.run(ScheduledBatch([seq], [len(ids)]), [len(tokens) + 1])[: len(tokens)]
 
 
-def test_gemma3_gguf_follows_llamacpp():
+def parting_is_near_tie(out: list[int], ref: torch.Tensor, logits: torch.Tensor) -> bool:
+    k = next((i for i, (a, b) in enumerate(zip(out[:FIRST], ref.tolist())) if a != b), None)
+    return k is None or float(logits[k].max() - logits[k, ref[k]]) < NEAR_TIE
+
+
+def text_perplexity(llm: LLM, token_ids: list[int]) -> float:
+    logits = llm.engine.runner.prompt_logits(token_ids)[:-1]
+    logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(token_ids[1:])[:, None])
+    return math.exp(-float(logprobs.mean()))
+
+
+@pytest.fixture(scope="module", params=["auto", "float32"])
+def compared(request) -> tuple[str, Comparison]:
+    """One load of the model per dtype; the engine's greedy runs first, then the forwards that write KV
+    blocks from 0 up under its cached prefixes (the engine is done by then)."""
     records = json.loads(FIXTURE.read_text())["records"]
-    assert sum(len(r["prompt_ids"]) > 512 for r in records) >= 3, "some prompts must outgrow the window"
-    llm = LLM(GEMMA3_MODEL, num_kv_blocks=400)
+    scored = json.loads(LOGPROBS_FIXTURE.read_text())
+    llm = LLM(GEMMA3_MODEL, dtype=request.param, num_kv_blocks=400)
     for r in records:  # the converted tokenizer splits text as llama.cpp does
         assert llm.tokenizer.encode(r["prompt"]) == r["prompt_ids"], r["prompt"][:40]
     params = [SamplingParams(max_tokens=len(r["tokens"]), temperature=0, ignore_eos=True) for r in records]
     outputs = [out.token_ids for out in llm.generate([r["prompt_ids"] for r in records], params)]
-    # Last: it writes KV blocks from 0 up, under the engine's cached prefixes (the engine is done here).
     with torch.inference_mode():
         logits = [continuation_logits(llm, r["prompt_ids"], r["tokens"]) for r in records]
+        perplexity = text_perplexity(llm, scored["token_ids"])
     refs = [torch.tensor(r["tokens"]) for r in records]
-    agree = sum(int((lg.argmax(-1) == ref).sum()) for lg, ref in zip(logits, refs))
-    total = sum(len(ref) for ref in refs)
-    assert agree / total >= 0.9, f"{agree} of {total} teacher-forced continuation tokens agree"
-    same_start = [out[:FIRST] == r["tokens"][:FIRST] for out, r in zip(outputs, records)]
-    # fp32 on dequantized weights against llama.cpp's quantized dot products: where the two greedy runs
-    # part within the first tokens, llama.cpp's pick must be a near-tie for llmopt at that point.
-    near_ties = []
-    for out, ref, lg in zip(outputs, refs, logits):
-        k = next((i for i, (a, b) in enumerate(zip(out[:FIRST], ref.tolist())) if a != b), None)
-        near_ties.append(k is None or float(lg[k].max() - lg[k, ref[k]]) < NEAR_TIE)
-    assert sum(same_start) >= 6 and sum(near_ties) >= 8, (same_start, near_ties)
+    comparison = Comparison(
+        same_start=[out[:FIRST] == r["tokens"][:FIRST] for out, r in zip(outputs, records)],
+        near_ties=[parting_is_near_tie(out, ref, lg) for out, ref, lg in zip(outputs, refs, logits)],
+        agree=sum(int((lg.argmax(-1) == ref).sum()) for lg, ref in zip(logits, refs)),
+        total=sum(len(ref) for ref in refs),
+        perplexity=perplexity,
+        reference_perplexity=scored["perplexity"],
+    )
+    print(request.param, comparison)  # the README's figures: pytest -s
+    del llm, logits
+    gc.collect()
+    return request.param, comparison
+
+
+def test_the_fixtures_cover_the_window():
+    records = json.loads(FIXTURE.read_text())["records"]
+    assert sum(len(r["prompt_ids"]) > 512 for r in records) >= 3, "some prompts must outgrow the window"
+    assert len(json.loads(LOGPROBS_FIXTURE.read_text())["token_ids"]) > 512
+
+
+def test_gemma3_gguf_follows_llamacpps_greedy_output(compared):
+    dtype, c = compared
+    assert c.agree / c.total >= 0.9, f"{c.agree} of {c.total} teacher-forced continuation tokens agree"
+    # Where the greedy runs part within the first tokens, it is at a near-tie.
+    assert sum(c.same_start) >= 6 and sum(c.near_ties) >= 8, (dtype, c.same_start, c.near_ties)
+
+
+def test_gemma3_gguf_perplexity_is_within_2_percent_of_llamacpps(compared):
+    _, c = compared
+    assert abs(c.perplexity / c.reference_perplexity - 1) <= 0.02, (c.perplexity, c.reference_perplexity)
