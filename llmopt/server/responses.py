@@ -243,8 +243,18 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
 
     opened: set[int] = set()
     parsers: dict[int, ChoiceParser | None] = {}
+    templates: dict[int, TextChunk | None] = {}
     usage = Usage()
     async for index, out in group.outputs():
+        # Most chunks are a plain text delta (no logprobs, no tool parser, not the last): written from
+        # the choice's pre-rendered chunk, the text its only part to encode. Its first output takes the
+        # full path below (the role chunk, the parser made), so `parsers` already tells there is none.
+        if out.new_text and not out.finished and reply.logprobs is None and parsers.get(index, 0) is None:
+            if index not in templates:
+                templates[index] = TextChunk.of(reply, index, include_usage)
+            if (template := templates[index]) is not None:
+                yield template.render(out.new_text)
+                continue
         if shape.opening is not None and index not in opened:
             # The role goes with the choice's first output, as vLLM's server sends it: a client that
             # times the first chunk (vllm bench serve does) then measures the real time to first token.
@@ -276,3 +286,30 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
 
 def _event(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+TEXT_PLACEHOLDER = "\x00"  # json writes it as the 8 characters "\u0000", which no other field holds
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """One choice's plain text-delta event, rendered once around a placeholder: each token's event is
+    then `head + json(text) + tail`, the same bytes as rendering its whole body (json writes a string
+    the same wherever it stands) without building and encoding the body's dicts every token."""
+
+    head: str
+    tail: str
+
+    @classmethod
+    def of(cls, reply: Reply, index: int, include_usage: bool) -> TextChunk | None:
+        """The template, or None where the placeholder is not found exactly once (a model name holding
+        it): that choice's chunks are then rendered whole."""
+        shape = reply.shape
+        body = reply.body(shape.chunk_object, [shape.choice(index, shape.delta(TEXT_PLACEHOLDER), None)])
+        if include_usage:
+            body["usage"] = None
+        parts = _event(body).split(json.dumps(TEXT_PLACEHOLDER))
+        return cls(parts[0], parts[1]) if len(parts) == 2 else None
+
+    def render(self, text: str) -> str:
+        return self.head + json.dumps(text, ensure_ascii=False) + self.tail

@@ -15,7 +15,16 @@ from llmopt.server.admission import sampling_params
 from llmopt.server.errors import APIError
 from llmopt.server.logprobs import LogprobsWriter
 from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest
-from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, Reply, Usage, complete, stream
+from llmopt.server.responses import (
+    CHAT_COMPLETION,
+    TEXT_COMPLETION,
+    Reply,
+    TextChunk,
+    Usage,
+    _event,
+    complete,
+    stream,
+)
 
 
 def finished(prompt: int, output: int, cached: int = 0, reason: str = "length") -> RequestOutput:
@@ -75,6 +84,48 @@ def test_chat_stream_opens_with_the_role_and_ends_with_usage():
     ]
     assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-x" for c in chunks)
     assert [c["usage"] for c in chunks[:-1]] == [None] * 3 and chunks[-1]["usage"]["total_tokens"] == 7
+
+
+TRICKY_TEXTS = [
+    "Hi",
+    ' "quoted" \\ back',
+    "line\nbreak\ttab",
+    "caf\u00e9 \u4e2d\u6587 \U0001f600",
+    "\x00\x1f",
+    "</script>",
+]
+
+
+@pytest.mark.parametrize("shape", [CHAT_COMPLETION, TEXT_COMPLETION], ids=["chat", "completions"])
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_a_text_chunk_from_its_template_is_the_whole_body_rendered(shape, include_usage):
+    reply = Reply(shape, "m\u00e9", "id-1", 7)
+    template = TextChunk.of(reply, 2, include_usage)
+    assert template is not None
+    for text in TRICKY_TEXTS:
+        body = reply.body(shape.chunk_object, [shape.choice(2, shape.delta(text), None)])
+        if include_usage:
+            body["usage"] = None
+        assert template.render(text) == _event(body)
+
+
+def test_plain_text_streams_the_same_chunks_through_the_template_and_without_one():
+    outputs = [RequestOutput("r", [1], t, False) for t in TRICKY_TEXTS] + [finished(5, len(TRICKY_TEXTS) + 1)]
+    templated = events(
+        ReplayedGroup([(0, o) for o in outputs], n=1),
+        Reply(CHAT_COMPLETION, "m", "chatcmpl-x", 1),
+        include_usage=True,
+    )
+    # A model named as the placeholder has no template: every chunk is rendered whole.
+    whole = events(
+        ReplayedGroup([(0, o) for o in outputs], n=1),
+        Reply(CHAT_COMPLETION, "\x00", "chatcmpl-x", 1),
+        include_usage=True,
+    )
+    assert TextChunk.of(Reply(CHAT_COMPLETION, "\x00", "chatcmpl-x", 1), 0, True) is None
+    assert [e.replace('"\\u0000", "choices"', '"m", "choices"') for e in whole] == templated
+    chunks = [json.loads(e[len("data: ") :]) for e in templated[1:-2]]
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == TRICKY_TEXTS + ["!"]
 
 
 def test_completion_stream_aborted_by_a_shutdown_ends_with_an_error_event():
