@@ -1,9 +1,12 @@
 """What the serving path costs (issue #19), one server at a time, in three parts:
 
 (a) decode at one request: the engine's own step in-process (`LLM`, a fresh process, no HTTP) against
-    the ITL of `llmopt serve` at concurrency 1 (streamed chat, llmopt's bench client), for fp32 and the
-    GPTQ checkpoint, in the same round; the ratio served / in-process is the serving path's cost
-    (target <= 1.1x).
+    the ITL of `llmopt serve` at concurrency 1 (streamed chat, llmopt's bench client), for fp32, the
+    GPTQ checkpoint and the bundled Q4_1 GGUF at its own precision (`--dtype auto`, what `make serve`
+    serves), in the same round; the ratio served / in-process is the serving path's cost (target <=
+    1.1x). Beside it, CPU time per token: the in-process engine's, and served, the engine's threads',
+    the event loop's and the bench client's (on 2 cores, what the loop and client take the engine's
+    OpenMP threads lose).
 (b) the agent loop: --sessions sessions at once of --turns turns, a ~--system-len-token system prompt
     with tool definitions shared by every session, each turn replaying the history plus a tool result
     of --turn-len tokens, --output-len tokens out (the bench's agent workload, tools written as text so
@@ -22,12 +25,14 @@ it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
     .venv/bin/python benchmarks/serving_path.py              # about 15 min on 2 cores, without peers
     .venv/bin/python benchmarks/serving_path.py --quick      # smoke run, under a minute
         [--parts a,b,c] [--rounds 2] [--gptq results/quantized/gptq] [--budgets 512,1024,2048]
+        [--subjects sharing-off,llmopt,vllm,llama.cpp]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import subprocess
@@ -53,6 +58,12 @@ from results import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "subject"  # every server serves under this name, so one Target fits all
+AGENT_SUBJECTS = {  # --subjects' names for (b)'s servers
+    "sharing-off": "llmopt, sharing off",
+    "llmopt": "llmopt",
+    "vllm": "vllm",
+    "llama.cpp": "llama.cpp",
+}
 PEER_PYTHONS = {
     "vllm": ("LLMOPT_VLLM_PYTHON", ".vllm-venv"),
     "llama.cpp": ("LLMOPT_LLAMA_CPP_PYTHON", ".peer-venv"),
@@ -89,91 +100,153 @@ class Rows:
 # (a) ------------------------------------------------------------------------------------------------
 
 
-def in_process_steps(model: str | None, prompts: list[list[int]], output_len: int) -> list[float]:
-    """Mean decode step (ms) of each prompt at batch 1, the prefill step left out. Runs in a fresh
-    process (as a server would) so that no earlier subject's threads or memory are in the way."""
+@dataclass(frozen=True)
+class Decoder:
+    """One subject of (a): a model and the engine's --dtype, the same in-process and served."""
+
+    label: str
+    model: str | None  # None: the default model
+    dtype: str = "float32"
+
+    def serve_args(self) -> list[str]:
+        return [*([self.model] if self.model else []), "--dtype", self.dtype]
+
+
+def decoders(args: argparse.Namespace) -> list[Decoder]:
+    """fp32, the GPTQ checkpoint where it exists, and the bundled Q4_1 GGUF at its own precision (what
+    `make serve` serves)."""
+    gptq = [Decoder("gptq", str(args.gptq))] if args.gptq.exists() else []
+    return [Decoder("fp32", None), *gptq, Decoder("gguf q4_1 (--dtype auto)", None, "auto")]
+
+
+def in_process_steps(decoder: Decoder, prompts: list[list[int]], output_len: int) -> dict:
+    """Mean decode step (ms) of each prompt at batch 1, the prefill step left out, and the process's CPU
+    time per token (all its threads: the step's OpenMP threads too). Runs in a fresh process (as a server
+    would) so that no earlier subject's threads or memory are in the way."""
     from llmopt.engine.llm import LLM  # the engine only here, in the child: the bench speaks HTTP
     from llmopt.engine.sampling_params import SamplingParams
 
-    engine = LLM(model).engine
+    engine = LLM(decoder.model, dtype=decoder.dtype).engine
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
-    steps = []
+    steps, cpu = [], []
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params)
         engine.step()  # the prefill, and the first token
-        start, n = time.perf_counter(), 0
+        start, cpu_start, n = time.perf_counter(), time.process_time(), 0
         while engine.has_unfinished_requests():
             engine.step()
             n += 1
         if i > 0:  # the first prompt warms the engine up
             steps.append((time.perf_counter() - start) / n * 1000)
-    return steps
+            cpu.append((time.process_time() - cpu_start) / n * 1000)
+    return {
+        "step_ms": statistics.median(steps),
+        "all_step_ms": steps,
+        "cpu_ms_per_step": statistics.median(cpu),
+    }
 
 
-def measure_in_process(model: str | None, prompts: list[list[int]], output_len: int) -> dict:
+def measure_in_process(decoder: Decoder, prompts: list[list[int]], output_len: int) -> dict:
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        steps = pool.submit(in_process_steps, model, prompts, output_len).result()
-    return {"step_ms": statistics.median(steps), "all_step_ms": steps}
+        return pool.submit(in_process_steps, decoder, prompts, output_len).result()
 
 
-def measure_served(model: str | None, requests: list, console: Console) -> dict:
-    server = Server("served", [model] if model else [])
+def measure_served(decoder: Decoder, requests: list, console: Console) -> dict:
+    server = Server("served", decoder.serve_args())
     with LocalServer(server.command, ready_timeout_s=300) as local:
         target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat")
         warm, rest = requests[:1], requests[1:]
         asyncio.run(run_point(target, warm, LoadPoint(concurrency=1, num_requests=len(warm))))
-        loop_cpu = loop_cpu_s(local.proc.pid)
+        before, client_before = thread_cpu_s(local.proc.pid), time.process_time()
         result = asyncio.run(run_point(target, rest, LoadPoint(concurrency=1, num_requests=len(rest))))
-        loop_cpu = loop_cpu_s(local.proc.pid) - loop_cpu
+        after, client_cpu = thread_cpu_s(local.proc.pid), time.process_time() - client_before
     summary = summarize(result.records, result.wall_s)
     if summary["failed"]:
         console.print(f"  [red]{summary['failed']} requests failed[/red] {summary['errors'][:1]}")
     tokens = summary["output_tokens"]
+    main = local.proc.pid
+    loop_cpu = after.get(main, 0.0) - before.get(main, 0.0)
+    rest_cpu = sum(cpu - before.get(tid, 0.0) for tid, cpu in after.items() if tid != main)
+
+    def per_token(seconds: float) -> float | None:
+        return seconds * 1000 / tokens if tokens else None
+
     return {
         "itl_ms": summary["itl_ms"]["median"],
         "itl_mean_ms": summary["itl_ms"]["mean"],
-        # CPU time is what a busy machine distorts least: the loop's share of the 2 cores per token.
-        "loop_cpu_ms_per_token": loop_cpu * 1000 / tokens if tokens else None,
+        # CPU time is what a busy machine distorts least: each party's share of the 2 cores per token.
+        "loop_cpu_ms_per_token": per_token(loop_cpu),  # uvicorn's event loop (the main thread)
+        "engine_cpu_ms_per_token": per_token(rest_cpu),  # every other thread: the engine's and OpenMP's
+        "client_cpu_ms_per_token": per_token(client_cpu),  # the bench client, this process
     }
 
 
-def loop_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of the server's main thread, where uvicorn's event loop runs."""
-    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of process `pid`; the main thread (tid = pid) runs
+    uvicorn's event loop. A thread that ends in between drops out (the server's threads live on)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return cpu
 
 
 def part_a(args: argparse.Namespace, cursor: CorpusCursor, console: Console) -> dict:
-    models = {"fp32": None, **({"gptq": str(args.gptq)} if args.gptq.exists() else {})}
     rows = Rows()
     for round_index in range(args.rounds):
-        for label in rotated(list(models), round_index):
+        for decoder in rotated(decoders(args), round_index):
             ids = cursor.prompts(args.requests + 1, args.prompt_len)
             texts = cursor.requests(args.requests + 1, args.prompt_len, args.output_len)
-            console.print(f"[{round_index + 1}/{args.rounds}] (a) {label}: in-process, then served ...")
-            inproc = measure_in_process(models[label], ids, args.output_len)
-            served = measure_served(models[label], texts, console)
+            console.print(
+                f"[{round_index + 1}/{args.rounds}] (a) {decoder.label}: in-process, then served ..."
+            )
+            inproc = measure_in_process(decoder, ids, args.output_len)
+            served = measure_served(decoder, texts, console)
             ratio = served["itl_ms"] / inproc["step_ms"]
-            rows.add(label, {**inproc, **served, "ratio": ratio})
-            console.print(f"  step {inproc['step_ms']:.1f} ms, ITL {served['itl_ms']:.1f} ms: {ratio:.2f}x")
+            rows.add(decoder.label, {**inproc, **served, "ratio": ratio})
+            console.print(
+                f"  step {inproc['step_ms']:.2f} ms, ITL {served['itl_ms']:.2f} ms: {ratio:.2f}x; CPU/token "
+                f"in-process {inproc['cpu_ms_per_step']:.2f} ms, served: engine "
+                f"{served['engine_cpu_ms_per_token']:.2f}, loop {served['loop_cpu_ms_per_token']:.2f}, "
+                f"client {served['client_cpu_ms_per_token']:.2f} ms"
+            )
     return rows.rounds
 
 
 def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
     table = Table(title=load.title("(a) decode at concurrency 1: in-process step vs served ITL (median)"))
-    columns = ("model", "in-process step", "served ITL", "served / in-process", "spread", "loop CPU/token")
+    columns = (
+        "model",
+        "in-process step",
+        "served ITL",
+        "served / in-process",
+        "spread",
+        "CPU/token in-process",
+        "served: engine",
+        "loop",
+        "client",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column == "model" else "right")
     rows = Rows(rounds)
+
+    def ms(value: float | None) -> str:
+        return f"{value:.2f} ms" if value is not None else "-"
+
     for label in rounds:
         best = rows.best(label, "ratio")
         table.add_row(
             label,
-            f"{best['step_ms']:.1f} ms",
-            f"{best['itl_ms']:.1f} ms",
+            f"{best['step_ms']:.2f} ms",
+            f"{best['itl_ms']:.2f} ms",
             f"[bold]{best['ratio']:.2f}x[/bold]",
             spread(rows.values(label, "ratio"), ".2f"),
-            f"{best['loop_cpu_ms_per_token']:.2f} ms" if best["loop_cpu_ms_per_token"] is not None else "-",
+            ms(best.get("cpu_ms_per_step")),
+            ms(best.get("engine_cpu_ms_per_token")),
+            ms(best.get("loop_cpu_ms_per_token")),
+            ms(best.get("client_cpu_ms_per_token")),
         )
     return table
 
@@ -204,7 +277,8 @@ def agent_servers(args: argparse.Namespace) -> list[Server]:
         servers.append(Server("llmopt, sharing off", [*common, "--no-inflight-prefix-sharing"]))
     servers.append(Server("llmopt", common))
     servers += [Server(e, ["--engine", e, *common]) for e in ("vllm", "llama.cpp") if peer_installed(e)]
-    return servers
+    wanted = {AGENT_SUBJECTS[name] for name in args.subjects}
+    return [s for s in servers if s.label in wanted]
 
 
 def budget_servers(args: argparse.Namespace) -> list[Server]:
@@ -320,8 +394,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--output-len-agent", type=int, default=24, help="(b, c) tokens out per turn")
     ap.add_argument("--max-model-len", type=int, default=4096, help="(b, c)")
     ap.add_argument("--budgets", default="512,1024,2048", help="(c) --max-num-batched-tokens to compare")
+    ap.add_argument(
+        "--subjects",
+        default=",".join(AGENT_SUBJECTS),
+        help="(b) which servers to run, of " + ", ".join(AGENT_SUBJECTS) + " (peers: where installed)",
+    )
     ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, no peers")
     args = ap.parse_args(argv)
+    args.subjects = args.subjects.split(",")
+    if unknown := set(args.subjects) - set(AGENT_SUBJECTS):
+        ap.error(f"--subjects takes {', '.join(AGENT_SUBJECTS)}, not {', '.join(sorted(unknown))}")
     args.parts = set(args.parts.split(","))
     if not args.parts <= {"a", "b", "c"}:
         ap.error(f"--parts takes a, b and c, not {','.join(sorted(args.parts))}")

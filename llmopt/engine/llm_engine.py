@@ -24,7 +24,7 @@ from llmopt.engine.outputs import EngineStats, RequestOutput
 from llmopt.engine.penalties import apply_penalties
 from llmopt.engine.sampler import ban_stop_tokens, greedy_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.engine.scheduler import Scheduler
+from llmopt.engine.scheduler import ScheduledBatch, Scheduler
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
@@ -33,6 +33,7 @@ from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import ForcedAcceptance, proposal_room, record_acceptance, trim_forced
 from llmopt.engine.spec_decode.stats import SpecStats
 from llmopt.engine.spec_decode.verify import verify
+from llmopt.engine.step_log import RequestTrace, StepLog, StepRecord
 from llmopt.engine.stop import stop_reason
 from llmopt.engine.structured.bitmask import BatchMask
 from llmopt.engine.structured.compiler import GrammarCompiler
@@ -86,6 +87,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.requests_finished = 0
+        self.step_log = StepLog()
 
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -191,18 +193,46 @@ class LLMEngine:
         return outputs
 
     # ---- the step ----------------------------------------------------------------------------------
-    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        """Run one batched forward; return the outputs it produced (each also goes to its callback)."""
+        """Run one batched forward; return the outputs it produced (each also goes to its callback).
+        What it computed and cost goes to the step log (step_log.py)."""
+        start, cpu, generated = time.perf_counter(), time.thread_time(), self.generation_tokens_total
+        outputs, batch, schedule_s, forward_s = self._step()
+        if batch.seqs:
+            prefill = [n for n in batch.num_new_tokens if n > 1]
+            record = StepRecord(
+                start=start,
+                duration_s=time.perf_counter() - start,
+                cpu_s=time.thread_time() - cpu,
+                idle_before_s=self.step_log.idle_since_last_step(start),
+                schedule_s=schedule_s,
+                forward_s=forward_s,
+                prefill_tokens=sum(prefill),
+                prefill_seqs=len(prefill),
+                decode_rows=len(batch) - len(prefill),
+                generated_tokens=self.generation_tokens_total - generated,
+                num_running=len(self.scheduler.running),
+                num_waiting=self.num_waiting(),
+            )
+            self.step_log.step(record)
+        return outputs
+
+    @torch.inference_mode()
+    def _step(self) -> tuple[list[RequestOutput], ScheduledBatch, float, float]:
+        """step(), and the batch it ran with the seconds its scheduling and its forward took."""
         outputs = self._drain_queues()
         if self.proposer is not None or any(s.grammar is not None for s in self.scheduler.running):
             self._propose()
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
+        schedule_s = time.perf_counter() - start
         if not batch.seqs:
-            return outputs
+            return outputs, batch, schedule_s, 0.0
         rows = [logit_rows(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)]
         counts = [scored + sampled for scored, sampled in rows]
+        start = time.perf_counter()
         logits = self.runner.run(batch, counts)
+        forward_s = time.perf_counter() - start
         starts = list(itertools.accumulate(counts, initial=0))
         samples = [
             slice(start + scored, start + scored + sampled) for start, (scored, sampled) in zip(starts, rows)
@@ -230,7 +260,7 @@ class LLMEngine:
             if not sampled:  # a prefill chunk with more to come
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
-        return outputs
+        return outputs, batch, schedule_s, forward_s
 
     def _process_logits(
         self, seqs: list[Sequence], logits: torch.Tensor, samples: list[slice]
@@ -423,6 +453,7 @@ class LLMEngine:
         )
         if request.on_output is not None:
             request.on_output(output)
+        self.step_log.request(request_trace(seq))
         return output
 
     def stats(self) -> EngineStats:
@@ -461,6 +492,20 @@ def logit_rows(seq: Sequence, n: int) -> tuple[int, int]:
     reaches_end = seq.num_computed_tokens + n == len(seq) + len(seq.spec_token_ids)
     sampled = 1 + len(seq.spec_token_ids) if reaches_end else 0
     return (n - sampled if seq.needs_prompt_logits else 0), sampled
+
+
+def request_trace(seq: Sequence) -> RequestTrace:
+    scheduled, first = seq.first_scheduled_time, seq.first_token_time
+    return RequestTrace(
+        request_id=seq.request_id,
+        prompt_tokens=seq.num_prompt_tokens,
+        cached_tokens=seq.num_cached_tokens,
+        output_tokens=seq.num_output_tokens,
+        queue_s=None if scheduled is None else scheduled - seq.arrival_time,
+        ttft_s=None if first is None else first - seq.arrival_time,
+        e2e_s=(seq.finish_time or time.perf_counter()) - seq.arrival_time,
+        finish_reason=seq.finish_reason,
+    )
 
 
 def take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob] | None:

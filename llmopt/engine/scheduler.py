@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -81,22 +82,27 @@ class Scheduler:
         """Admit waiting sequences in arrival order while budget, sequence slots and KV blocks last,
         passing over those that wait for blocks another sequence is computing."""
         bm = self.block_manager
-        for seq in list(self.waiting):  # a copy: admitted ones leave the queue
-            if budget == 0 or len(self.running) >= self.max_num_seqs:
-                break
+        # From the head of the queue, so that a step costs what it admits, not what waits (a copy of
+        # the queue, or remove() from its middle, would cost every step O(queue)).
+        passed_over: list[Sequence] = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
             if bm.waits_for_inflight(seq):
+                passed_over.append(self.waiting.popleft())
                 continue
             num_new = bm.admit(seq, budget)
             if num_new is None:  # too few free blocks: try again once some are freed
                 break
             if seq.num_preemptions == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
-            self.waiting.remove(seq)
+                seq.first_scheduled_time = time.perf_counter()
+            self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(num_new)
             budget -= num_new
+        self.waiting.extendleft(reversed(passed_over))  # back in arrival order, at the head
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -52,6 +52,7 @@ class Sequence:
         if not params.greedy:
             self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else seed)
         self.arrival_time = time.perf_counter()
+        self.first_scheduled_time: float | None = None  # its first step (queue time: from arrival)
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         # Prompt logprobs by position, filled chunk by chunk while prefilling; handed out (and dropped
