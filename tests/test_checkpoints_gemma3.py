@@ -73,20 +73,25 @@ def write_gemma3_gguf(
     writer.close()
 
 
-def test_gemma3_gguf_converts_to_the_model_it_came_from(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
+def tiny_gemma3_config(hidden_size: int, head_dim: int) -> Gemma3TextConfig:
+    """Two layers, GQA, an 8-token window, over the tokenizer write_gemma3_gguf writes."""
+    return Gemma3TextConfig(
         vocab_size=len(CONTROL) + 256 + len(PIECES),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=16,
+        head_dim=head_dim,
         sliding_window=8,
         max_position_embeddings=128,
     )
+
+
+def test_gemma3_gguf_converts_to_the_model_it_came_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    config = tiny_gemma3_config(hidden_size=32, head_dim=16)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
-from transformers import AutoModelForCausalLM, Gemma3TextConfig
+from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from llmopt.checkpoints import bundled_gguf_path, convert_gguf
@@ -25,7 +25,7 @@ from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.models.loader import read_safetensors
 from tests.conftest import PROMPTS
-from tests.test_checkpoints_gemma3 import CONTROL, PIECES, write_gemma3_gguf
+from tests.test_checkpoints_gemma3 import CONTROL, tiny_gemma3_config, write_gemma3_gguf
 
 RNG = np.random.default_rng(0)
 
@@ -161,17 +161,7 @@ def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp3
     Q8_0 embedding, and the logits stay near those of the fp32 copy of the same (dequantized) weights."""
     monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(CONTROL) + 256 + len(PIECES),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        sliding_window=8,
-        max_position_embeddings=128,
-    )
+    config = tiny_gemma3_config(hidden_size=64, head_dim=32)
     model = AutoModelForCausalLM.from_config(config).eval()
     q5, q8 = T.Q5_0, T.Q8_0
     qtypes = {"attn_q": q5, "attn_k": q5, "attn_v": q8, "attn_output": T.Q4_0, "ffn_gate": q5, "ffn_up": q5}
