@@ -11,7 +11,8 @@ are left out. Every engine is loaded once, then they take turns over --rounds ro
 first each round); each speed is the best round, min-max beside it. Batch 1 is timed from the first token
 (prefill excluded), batch 4 / 16 from submission (short prompts, so decode dominates). Perplexity: the
 held-out half of the built-in corpus, 8 windows of 512 tokens, with each kernel run at every row count
-(prefill-sized batches otherwise run dequantized, which would hide what int8 activations cost).
+(ATen's otherwise run prefill-sized batches dequantized, which would hide what bf16 activations cost;
+the panel kernel runs every batch size itself).
 --quick: fp32 and GPTQ, 8 tokens, one 128-token window, one round: a smoke run (mostly loading).
 """
 

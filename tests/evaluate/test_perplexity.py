@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS
 from llmopt.evaluate.data import eval_windows, split_tokens
 from llmopt.evaluate.perplexity import engine_scorer, perplexity
 from tests.conftest import PROMPTS, llmopt
@@ -34,10 +33,7 @@ def test_engine_perplexity_equals_transformers_own_loss(model_dir, llm):
 
 @pytest.mark.parametrize("checkpoint", ["int8_dir", "gptq_dir", "awq_dir"])
 def test_quantized_perplexity_in_our_engine_matches_transformers(checkpoint, request):
-    # Windows under DEQUANTIZE_FROM_ROWS tokens, so our side runs the int4 / int8 kernels themselves
-    # (a 256-token window would run the dequantized fp32 GEMM, and compare fp32 with fp32).
     model = str(request.getfixturevalue(checkpoint))
-    assert DEQUANTIZE_FROM_ROWS > 96
     ours = perplexity(model, seq_len=96, num_windows=4, backend="engine")
     theirs = perplexity(model, seq_len=96, num_windows=4, backend="transformers")
     assert abs(ours.perplexity / theirs.perplexity - 1) < 0.01, (ours.perplexity, theirs.perplexity)
