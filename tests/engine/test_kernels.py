@@ -60,6 +60,29 @@ def test_paged_decode_attention_matches_sdpa(block_size, head_dim):
         torch.testing.assert_close(out[row], expected[:, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [0, 300])
+def test_long_contexts_split_in_spans_match_sdpa(window):
+    """A context of many blocks is cut into spans attended apart and merged (split-K): a long row beside
+    a short one whose later spans are empty, with and without a window that starts mid-span."""
+    torch.manual_seed(window)
+    block_size, heads, kv_heads, head_dim, num_blocks = 16, 9, 3, 64, 64
+    k_cache, v_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim)
+    context_lens = torch.tensor([41 * block_size + 3, 40])
+    block_tables = torch.stack([torch.randperm(num_blocks)[:42], torch.randperm(num_blocks)[:42]])
+    q, scale = torch.randn(2, heads, head_dim), 0.125
+    out = torch.ops.llmopt.paged_decode_attention(
+        q, k_cache, v_cache, block_tables, context_lens, scale, window
+    )
+    for row, length in enumerate(context_lens.tolist()):
+        keys = k_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        values = v_cache[block_tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        mask = torch.arange(length) > length - 1 - (window or length)
+        expected = F.scaled_dot_product_attention(
+            q[row][:, None], keys, values, attn_mask=mask, enable_gqa=True, scale=scale
+        )[:, 0]
+        torch.testing.assert_close(out[row], expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("block_size", "head_dim"), [(16, 256), (8, 64)])
 @pytest.mark.parametrize("window", [1, 5, 16, 35])
 def test_windowed_decode_attention_matches_sdpa_with_a_window_mask(block_size, head_dim, window):
