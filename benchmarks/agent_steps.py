@@ -9,7 +9,7 @@ The same summary reads a served run's step trace: `LLMOPT_STEP_TRACE=FILE llmopt
 `--trace FILE` (steps and requests only: a trace has no tokens to judge the hits by).
 
     .venv/bin/python benchmarks/agent_steps.py [--sessions 4] [--turns 10] [--system-len 1000]
-        [--turn-len 64] [--output-len 24] [--budget 512] [--no-sharing] [--trace FILE]
+        [--turn-len 64] [--output-len 24] [--budget 512] [--no-sharing] [--dtype auto] [--trace FILE]
 
 Wall time here is that of a run on whatever else the machine runs: read the CPU-time column beside it.
 """
@@ -175,6 +175,7 @@ def run_in_process(args: argparse.Namespace, console: Console) -> dict:
         max_model_len=4096,
         max_num_batched_tokens=args.budget,
         inflight_prefix_sharing=not args.no_sharing,
+        dtype=args.dtype,
     )
     engine = LLMEngine(config)
     conversations = agent_conversations(
@@ -223,6 +224,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=24)
     ap.add_argument("--budget", type=int, default=512, help="--max-num-batched-tokens")
     ap.add_argument("--no-sharing", action="store_true", help="in-flight prefix sharing off")
+    ap.add_argument("--dtype", default="float32", help="the engine's --dtype (auto: the GGUF's Q4_1 kernels)")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's); 1 on a busy machine")
     ap.add_argument("--trace", help="summarize this step trace (LLMOPT_STEP_TRACE) instead of running")
     args = ap.parse_args()

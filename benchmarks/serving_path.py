@@ -6,7 +6,8 @@
     serves), in the same round; the ratio served / in-process is the serving path's cost (target <=
     1.1x). Beside it, CPU time per token: the in-process engine's, and served, the engine's threads',
     the event loop's and the bench client's (on 2 cores, what the loop and client take the engine's
-    OpenMP threads lose).
+    OpenMP threads lose). llama.cpp's server on the same Q4_1 GGUF, where installed, is served the same
+    requests (ITL only) as the 4-bit reference.
 (b) the agent loop: --sessions sessions at once of --turns turns, a ~--system-len-token system prompt
     with tool definitions shared by every session, each turn replaying the history plus a tool result
     of --turn-len tokens, --output-len tokens out (the bench's agent workload, tools written as text so
@@ -59,6 +60,7 @@ from results import write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVED = "subject"  # every server serves under this name, so one Target fits all
+LLAMA_CPP_A = "llama.cpp q4_1 (served only)"  # (a)'s peer row
 AGENT_SUBJECTS = {  # --subjects' names for (b)'s servers
     "sharing-off": "llmopt, sharing off",
     "llmopt": "llmopt",
@@ -109,16 +111,20 @@ class Decoder:
     label: str
     model: str | None  # None: the default model
     dtype: str = "float32"
+    engine: str = "llmopt"  # a peer (`llmopt serve --engine`) is served only: it has no in-process step
 
     def serve_args(self) -> list[str]:
+        if self.engine != "llmopt":
+            return ["--engine", self.engine, *([self.model] if self.model else [])]
         return [*([self.model] if self.model else []), "--dtype", self.dtype]
 
 
 def decoders(args: argparse.Namespace) -> list[Decoder]:
-    """fp32, the GPTQ checkpoint where it exists, and the bundled Q4_1 GGUF at its own precision (what
-    `make serve` serves)."""
+    """fp32, the GPTQ checkpoint where it exists, the bundled Q4_1 GGUF at its own precision (what
+    `make serve` serves), and llama.cpp's server on that GGUF where installed (the 4-bit reference)."""
     gptq = [Decoder("gptq", str(args.gptq))] if args.gptq.exists() else []
-    return [Decoder("fp32", None), *gptq, Decoder("gguf q4_1 (--dtype auto)", None, "auto")]
+    peer = [Decoder(LLAMA_CPP_A, None, engine="llama.cpp")] if peer_installed("llama.cpp") else []
+    return [Decoder("fp32", None), *gptq, Decoder("gguf q4_1 (--dtype auto)", None, "auto"), *peer]
 
 
 def in_process_steps(decoder: Decoder, prompts: list[list[int]], output_len: int) -> dict:
@@ -204,6 +210,12 @@ def part_a(args: argparse.Namespace, cursor: CorpusCursor, console: Console) -> 
             console.print(
                 f"[{round_index + 1}/{args.rounds}] (a) {decoder.label}: in-process, then served ..."
             )
+            if decoder.engine != "llmopt":
+                # Its threads are another process's: the CPU columns would count `llmopt serve`'s only.
+                served = {k: v for k, v in measure_served(decoder, texts, console).items() if "itl" in k}
+                rows.add(decoder.label, {**served, "ratio": served["itl_ms"]})  # best round: lowest ITL
+                console.print(f"  ITL {served['itl_ms']:.2f} ms")
+                continue
             inproc = measure_in_process(decoder, ids, args.output_len)
             served = measure_served(decoder, texts, console)
             ratio = served["itl_ms"] / inproc["step_ms"]
@@ -225,6 +237,7 @@ def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
         "served ITL",
         "served / in-process",
         "spread",
+        "ITL vs llama.cpp",
         "CPU/token in-process",
         "served: engine",
         "loop",
@@ -237,14 +250,17 @@ def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
     def ms(value: float | None) -> str:
         return f"{value:.2f} ms" if value is not None else "-"
 
+    peer = rows.best(LLAMA_CPP_A, "ratio")["itl_ms"] if LLAMA_CPP_A in rounds else None
     for label in rounds:
         best = rows.best(label, "ratio")
+        in_process = "step_ms" in best
         table.add_row(
             label,
-            f"{best['step_ms']:.2f} ms",
+            ms(best.get("step_ms")),
             f"{best['itl_ms']:.2f} ms",
-            f"[bold]{best['ratio']:.2f}x[/bold]",
-            spread(rows.values(label, "ratio"), ".2f"),
+            f"[bold]{best['ratio']:.2f}x[/bold]" if in_process else "-",
+            spread(rows.values(label, "ratio"), ".2f") if in_process else "-",
+            f"{best['itl_ms'] / peer:.2f}x" if peer else "-",
             ms(best.get("cpu_ms_per_step")),
             ms(best.get("engine_cpu_ms_per_token")),
             ms(best.get("loop_cpu_ms_per_token")),
