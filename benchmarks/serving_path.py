@@ -123,7 +123,8 @@ def decoders(args: argparse.Namespace) -> list[Decoder]:
     """fp32, the GPTQ checkpoint where it exists, the bundled Q4_1 GGUF at its own precision (what
     `make serve` serves), and llama.cpp's server on that GGUF where installed (the 4-bit reference)."""
     gptq = [Decoder("gptq", str(args.gptq))] if args.gptq.exists() else []
-    peer = [Decoder(LLAMA_CPP_A, None, engine="llama.cpp")] if peer_installed("llama.cpp") else []
+    with_peer = peer_installed("llama.cpp") and not args.quick
+    peer = [Decoder(LLAMA_CPP_A, None, engine="llama.cpp")] if with_peer else []
     return [Decoder("fp32", None), *gptq, Decoder("gguf q4_1 (--dtype auto)", None, "auto"), *peer]
 
 
