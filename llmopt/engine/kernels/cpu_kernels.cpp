@@ -148,18 +148,19 @@ void attend_block(const float* q, const float* k, const float* v, int64_t row, i
   }
 }
 
-// Positions [begin, end) of one sequence's context, for every query head: states [heads, kState<D>].
-// A block holds all KV heads of its tokens contiguously, so its heads are read one after another while
-// it is in cache, and the next block (anywhere in the pool: the hardware prefetcher cannot see it
-// coming) is asked for whole while this one is computed. Measured against a thread per KV head reading
-// its head's rows across the whole context (30 layers, 2,144-token contexts, AVX-512, 2 threads): one
-// row 12.2 -> 7.8 ms, four rows 37 -> 30 ms (still ~13 GB/s of the ~27 GB/s two threads stream here).
+// Positions [begin, end) of one sequence's context for KV heads [h0, h1): states [heads, kState<D>] of
+// the row (those heads' query heads written). A block holds all KV heads of its tokens contiguously, so
+// its heads are read one after another while it is in cache, and the next block (anywhere in the pool:
+// the hardware prefetcher cannot see it coming) is asked for while this one is computed. Measured
+// against a thread per KV head reading its rows across the whole context (30 layers, 2,144-token
+// contexts, AVX-512, 2 threads): one row 12.2 -> 7.8 ms, four rows 37 -> 30 ms (~13 GB/s of the ~27 GB/s
+// two threads stream here).
 template <int D>
 void attend_span(const float* q, const float* k_cache, const float* v_cache, const int64_t* block_table,
-                 int64_t begin, int64_t end, int64_t block_size, int64_t kv_heads, int64_t group, float scale,
-                 float* states) {
+                 int64_t begin, int64_t end, int64_t block_size, int64_t kv_heads, int64_t h0, int64_t h1,
+                 int64_t group, float scale, float* states) {
   const int64_t row = kv_heads * D;  // floats between consecutive tokens of one block
-  for (int64_t g = 0; g < kv_heads * group; ++g) {
+  for (int64_t g = h0 * group; g < h1 * group; ++g) {
     float* acc = states + g * kState<D>;
     std::fill(acc, acc + D, 0.f);
     acc[D] = -std::numeric_limits<float>::infinity();
@@ -169,15 +170,16 @@ void attend_span(const float* q, const float* k_cache, const float* v_cache, con
     const int64_t skip = std::max<int64_t>(0, begin - start);
     const int64_t n = std::min(block_size, end - start) - skip;
     if (start + block_size < end) {
-      const int64_t next = block_table[start / block_size + 1] * block_size * row;
-      const int64_t floats = std::min(block_size, end - start - block_size) * row;
-      for (int64_t i = 0; i < floats; i += 16) {
-        __builtin_prefetch(k_cache + next + i);
-        __builtin_prefetch(v_cache + next + i);
-      }
+      const int64_t next = (block_table[start / block_size + 1] * block_size * kv_heads + h0) * D;
+      const int64_t rows = std::min(block_size, end - start - block_size);
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t d = 0; d < (h1 - h0) * D; d += 16) {
+          __builtin_prefetch(k_cache + next + t * row + d);
+          __builtin_prefetch(v_cache + next + t * row + d);
+        }
     }
     const int64_t offset = (block_table[start / block_size] * block_size + skip) * row;
-    for (int64_t h = 0; h < kv_heads; ++h)
+    for (int64_t h = h0; h < h1; ++h)
       attend_block<D>(q + h * group * D, k_cache + offset + h * D, v_cache + offset + h * D, row, n, group,
                       scale, states + h * group * kState<D>);
   }
@@ -208,34 +210,45 @@ void decode_attention(const float* qp, const float* kp, const float* vp, const i
                       int64_t batch, int64_t heads, int64_t kv_heads, int64_t block_size, int64_t max_blocks,
                       float scale, int64_t window, float* op) {
   const int64_t group = heads / kv_heads;
-  // Each sequence's context in spans of whole blocks, so that a few long rows still keep every thread
-  // busy (one row's 3 KV heads on 2 threads left one idle a third of the time); partial softmax states
-  // are merged afterwards (flash-decoding's split-K). At least kMinSpanBlocks blocks a span.
-  constexpr int64_t kSpansPerThread = 4, kMinSpanBlocks = 8;
-  int64_t longest = 0;
-  for (int64_t b = 0; b < batch; ++b) longest = std::max(longest, lp[b]);
-  const int64_t blocks = (std::min(longest, window > 0 ? window : longest) + block_size - 1) / block_size + 1;
-  const int64_t wanted = (kSpansPerThread * at::get_num_threads() + batch - 1) / batch;
-  const int64_t spans = std::max<int64_t>(1, std::min(wanted, blocks / kMinSpanBlocks));
-  std::vector<float> states(batch * spans * heads * kState<D>);
-  at::parallel_for(0, batch * spans, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      const int64_t b = i / spans, s = i % spans, len = lp[b];
-      // A sliding window reads only the last `window` positions.
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t first_block = first / block_size, end_block = (len + block_size - 1) / block_size;
-      const int64_t per = (end_block - first_block + spans - 1) / spans;
-      const int64_t begin = std::max(first, (first_block + s * per) * block_size);
-      const int64_t end = std::min(len, (first_block + (s + 1) * per) * block_size);
+  // Each sequence's context in up to kMaxSpans spans of at least kMinSpanBlocks blocks, attended apart
+  // and merged by their softmax states (flash-decoding's split-K), so that one long row keeps every
+  // thread busy (its 3 KV heads as the work items left one of 2 threads idle a third of the time). The
+  // spans follow from the row's own length alone, never from the batch, so a row's result is the same
+  // whatever rows share its step.
+  constexpr int64_t kMaxSpans = 8, kMinSpanBlocks = 16;
+  std::vector<int64_t> first_item(batch + 1, 0);  // row b's spans are items first_item[b] .. [b + 1]
+  std::vector<int64_t> span_blocks(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t first = window > 0 ? std::max<int64_t>(0, lp[b] - window) : 0;  // a window's first
+    const int64_t blocks = (lp[b] + block_size - 1) / block_size - first / block_size;
+    const int64_t spans = std::clamp<int64_t>(blocks / kMinSpanBlocks, 1, kMaxSpans);
+    span_blocks[b] = (blocks + spans - 1) / spans;
+    first_item[b + 1] = first_item[b] + (blocks + span_blocks[b] - 1) / span_blocks[b];
+  }
+  std::vector<float> states(first_item[batch] * heads * kState<D>);
+  // Few spans (short contexts, small batches) are also cut by KV head, which changes no arithmetic.
+  const int64_t spans = first_item[batch];
+  const int64_t cuts = std::min(kv_heads, (2 * at::get_num_threads() + spans - 1) / spans);
+  const int64_t per_cut = (kv_heads + cuts - 1) / cuts;
+  at::parallel_for(0, spans * cuts, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t item = lo; item < hi; ++item) {
+      const int64_t i = item / cuts, h0 = item % cuts * per_cut, h1 = std::min(kv_heads, h0 + per_cut);
+      if (h0 >= h1) continue;
+      const int64_t b = std::upper_bound(first_item.begin(), first_item.end(), i) - first_item.begin() - 1;
+      const int64_t len = lp[b], first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t span_start = (first / block_size + (i - first_item[b]) * span_blocks[b]) * block_size;
+      const int64_t begin = std::max(first, span_start);
+      const int64_t end = std::min(len, span_start + span_blocks[b] * block_size);
       attend_span<D>(qp + b * heads * D, kp, vp, tp + b * max_blocks, begin, std::max(begin, end), block_size,
-                     kv_heads, group, scale, states.data() + i * heads * kState<D>);
+                     kv_heads, h0, h1, group, scale, states.data() + i * heads * kState<D>);
     }
   });
   const int64_t stride = heads * kState<D>;  // between the spans of one row
   at::parallel_for(0, batch * heads, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t b = i / heads, h = i % heads;
-      merge_spans<D>(states.data() + b * spans * stride + h * kState<D>, spans, stride, op + i * D);
+      merge_spans<D>(states.data() + first_item[b] * stride + h * kState<D>, first_item[b + 1] - first_item[b],
+                     stride, op + i * D);
     }
   });
 }
