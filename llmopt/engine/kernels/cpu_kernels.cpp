@@ -186,7 +186,8 @@ void attend_span(const float* q, const float* k_cache, const float* v_cache, con
 }
 
 // out [D] of one query head from its states over `spans` spans (kState<D> floats each, `stride` apart):
-// each span's sums rescaled to the largest running max. One span: acc / sum, as without spans.
+// each span's sums rescaled to the largest running max (one span: exp(0) = 1, so acc / sum exactly). A
+// span is never empty, so every sum is at least 1.
 template <int D>
 void merge_spans(const float* states, int64_t spans, int64_t stride, float* out) {
   float max = -std::numeric_limits<float>::infinity();
@@ -195,8 +196,7 @@ void merge_spans(const float* states, int64_t spans, int64_t stride, float* out)
   float sum = 0.f;
   for (int64_t s = 0; s < spans; ++s) {
     const float* st = states + s * stride;
-    if (st[D + 1] == 0.f) continue;  // an empty span
-    const float w = spans == 1 ? 1.f : std::exp(st[D] - max);
+    const float w = std::exp(st[D] - max);
     sum += st[D + 1] * w;
 #pragma omp simd
     for (int d = 0; d < D; ++d) acc[d] += st[d] * w;
@@ -239,7 +239,7 @@ void decode_attention(const float* qp, const float* kp, const float* vp, const i
       const int64_t span_start = (first / block_size + (i - first_item[b]) * span_blocks[b]) * block_size;
       const int64_t begin = std::max(first, span_start);
       const int64_t end = std::min(len, span_start + span_blocks[b] * block_size);
-      attend_span<D>(qp + b * heads * D, kp, vp, tp + b * max_blocks, begin, std::max(begin, end), block_size,
+      attend_span<D>(qp + b * heads * D, kp, vp, tp + b * max_blocks, begin, end, block_size,
                      kv_heads, h0, h1, group, scale, states.data() + i * heads * kState<D>);
     }
   });
