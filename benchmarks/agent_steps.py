@@ -198,7 +198,7 @@ def run_in_process(args: argparse.Namespace, console: Console) -> dict:
     driver = Driver(engine, conversations, args.output_len)
     wall = driver.run()
     summary = summarize(steps, requests, wall)
-    first = [r.ttft_s for r in requests[: args.sessions] if r.ttft_s is not None]
+    first = [r.ttft_s for r in requests if driver.turns[r.request_id].turn == 0 and r.ttft_s is not None]
     summary["first_turn_ttft_ms_median"] = 1000 * statistics.median(first) if first else None
     summary["best_cached_tokens"] = sum(t.best_hit for t in driver.turns.values())
     summary["intake_s"] = sum(t.intake_s for t in driver.turns.values())

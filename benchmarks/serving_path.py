@@ -27,7 +27,7 @@ it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
     .venv/bin/python benchmarks/serving_path.py              # about 15 min on 2 cores, without peers
     .venv/bin/python benchmarks/serving_path.py --quick      # smoke run, under a minute
         [--parts a,b,c] [--rounds 2] [--gptq results/quantized/gptq] [--budgets 512,1024,2048]
-        [--subjects sharing-off,llmopt,vllm,llama.cpp]
+        [--subjects sharing-off,llmopt,llmopt-q4,vllm,llama.cpp]
 """
 
 from __future__ import annotations
