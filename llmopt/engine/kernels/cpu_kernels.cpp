@@ -64,6 +64,23 @@ inline void exp_inplace(float* x, int64_t n) {
 #endif
 }
 
+// The largest of n (>= 1) floats; std::max in a loop is a serial chain (it does not vectorize without
+// -ffast-math).
+inline float max_of(const float* x, int64_t n) {
+#ifdef __AVX512F__
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+    m = _mm512_mask_max_ps(m, mask, m, _mm512_maskz_loadu_ps(mask, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+#endif
+}
+
 // scores[t] = scale * q . k[t * row] for the n (<= kMaxBlock) keys of one block.
 template <int D>
 void block_scores(const float* q, const float* k, int64_t row, int64_t n, float scale, float* scores) {
@@ -92,16 +109,28 @@ void block_scores(const float* q, const float* k, int64_t row, int64_t n, float 
 #endif
 }
 
-// acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block.
+// acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block. Also asks
+// for the next block's first `ahead` tokens (`next_k`, `next_v`, same row stride) into L2, a token per
+// token of this one: the prefetches spread among the arithmetic keep memory streaming, where asking for a
+// whole block at once (hundreds of lines) stalled the core until they were in flight.
+template <int D>
+inline void prefetch_token(const float* next_k, const float* next_v, int64_t t, int64_t row) {
+  for (int d = 0; d < D; d += 16) {
+    __builtin_prefetch(next_k + t * row + d, 0, 2);
+    __builtin_prefetch(next_v + t * row + d, 0, 2);
+  }
+}
+
 template <int D>
 void add_weighted_values(const float* weights, const float* v, int64_t row, int64_t n, float correction,
-                         float* acc) {
+                         float* acc, const float* next_k, const float* next_v, int64_t ahead) {
 #ifdef __AVX512F__
   constexpr int kVecs = D / 16;
   __m512 a[kVecs];
   const __m512 c = _mm512_set1_ps(correction);
   for (int i = 0; i < kVecs; ++i) a[i] = _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * i), c);
   for (int64_t t = 0; t < n; ++t) {
+    if (t < ahead) prefetch_token<D>(next_k, next_v, t, row);
     const __m512 w = _mm512_set1_ps(weights[t]);
     for (int i = 0; i < kVecs; ++i) a[i] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + t * row + 16 * i), a[i]);
   }
@@ -109,9 +138,11 @@ void add_weighted_values(const float* weights, const float* v, int64_t row, int6
 #else
 #pragma omp simd
   for (int d = 0; d < D; ++d) acc[d] *= correction;
-  for (int64_t t = 0; t < n; ++t)
+  for (int64_t t = 0; t < n; ++t) {
+    if (t < ahead) prefetch_token<D>(next_k, next_v, t, row);
 #pragma omp simd
     for (int d = 0; d < D; ++d) acc[d] += weights[t] * v[t * row + d];
+  }
 #endif
 }
 
@@ -122,20 +153,19 @@ constexpr int64_t kState = D + 2;
 
 // Folds one block's n keys and values (consecutive tokens `row` floats apart) into the states of the
 // `group` query heads q [group, D] that share their KV head: scores for the whole block, one rescale
-// of the running sums per block, then the weighted values.
+// of the running sums per block (none when the running max holds: exp(0) is 1), then the weighted
+// values, during which the first head asks for the next block's `ahead` tokens of this KV head.
 template <int D>
 void attend_block(const float* q, const float* k, const float* v, int64_t row, int64_t n, int64_t group,
-                  float scale, float* states) {
+                  float scale, float* states, const float* next_k, const float* next_v, int64_t ahead) {
   alignas(64) float scores[kMaxBlock];
   for (int64_t g = 0; g < group; ++g) {
     float* acc = states + g * kState<D>;
     float& running_max = acc[D];
     float& running_sum = acc[D + 1];
     block_scores<D>(q + g * D, k, row, n, scale, scores);
-    float block_max = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, scores[t]);
-    const float new_max = std::max(running_max, block_max);
-    const float correction = std::exp(running_max - new_max);
+    const float new_max = std::max(running_max, max_of(scores, n));
+    const float correction = new_max == running_max ? 1.f : std::exp(running_max - new_max);
     running_max = new_max;
     float block_sum = 0.f;
 #pragma omp simd
@@ -144,7 +174,7 @@ void attend_block(const float* q, const float* k, const float* v, int64_t row, i
 #pragma omp simd reduction(+ : block_sum)
     for (int64_t t = 0; t < n; ++t) block_sum += scores[t];
     running_sum = running_sum * correction + block_sum;
-    add_weighted_values<D>(scores, v, row, n, correction, acc);
+    add_weighted_values<D>(scores, v, row, n, correction, acc, next_k, next_v, g == 0 ? ahead : 0);
   }
 }
 
@@ -154,7 +184,9 @@ void attend_block(const float* q, const float* k, const float* v, int64_t row, i
 // the hardware prefetcher cannot see it coming) is asked for while this one is computed. Measured
 // against a thread per KV head reading its rows across the whole context (30 layers, 2,144-token
 // contexts, AVX-512, 2 threads, spans as decode_attention cuts them): one row 13.2 -> 8.4 ms, four rows
-// 38.9 -> 32.0 ms (~12 GB/s of the ~27 GB/s two threads stream here).
+// 38.9 -> 32.0 ms; then asking for the next block token by token inside the value loop (add_weighted_values)
+// rather than all at once: one row 7.9 -> 6.9 ms, four rows 30.8 -> 25.3 ms (means of 4 alternating runs),
+// about 15 of the ~27 GB/s two threads stream here.
 template <int D>
 void attend_span(const float* q, const float* k_cache, const float* v_cache, const int64_t* block_table,
                  int64_t begin, int64_t end, int64_t block_size, int64_t kv_heads, int64_t h0, int64_t h1,
@@ -169,19 +201,14 @@ void attend_span(const float* q, const float* k_cache, const float* v_cache, con
   for (int64_t start = begin / block_size * block_size; start < end; start += block_size) {
     const int64_t skip = std::max<int64_t>(0, begin - start);
     const int64_t n = std::min(block_size, end - start) - skip;
-    if (start + block_size < end) {
-      const int64_t next = (block_table[start / block_size + 1] * block_size * kv_heads + h0) * D;
-      const int64_t rows = std::min(block_size, end - start - block_size);
-      for (int64_t t = 0; t < rows; ++t)
-        for (int64_t d = 0; d < (h1 - h0) * D; d += 16) {
-          __builtin_prefetch(k_cache + next + t * row + d);
-          __builtin_prefetch(v_cache + next + t * row + d);
-        }
-    }
+    const bool more = start + block_size < end;
+    const int64_t next = more ? block_table[start / block_size + 1] * block_size * row : 0;
+    const int64_t ahead = more ? std::min(block_size, end - start - block_size) : 0;
     const int64_t offset = (block_table[start / block_size] * block_size + skip) * row;
     for (int64_t h = h0; h < h1; ++h)
       attend_block<D>(q + h * group * D, k_cache + offset + h * D, v_cache + offset + h * D, row, n, group,
-                      scale, states + h * group * kState<D>);
+                      scale, states + h * group * kState<D>, k_cache + next + h * D, v_cache + next + h * D,
+                      ahead);
   }
 }
 

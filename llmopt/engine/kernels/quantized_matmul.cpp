@@ -18,15 +18,17 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <utility>
 
 namespace llmopt_quant {
 namespace {
@@ -34,7 +36,12 @@ namespace {
 constexpr int64_t kCols = 16;   // output columns per panel
 constexpr int64_t kBlock = 32;  // inputs per activation scale
 constexpr int64_t kQuads = kBlock / 4;
-constexpr int kMaxRows = 4;  // rows per tile: 4 rows x 4 accumulators fill AVX2's 16 registers
+// Rows per tile: 8 rows x 4 accumulators need AVX-512VL's 32 vector registers (AVX2 has 16: 4 rows).
+#if defined(__AVX512VL__)
+constexpr int kMaxRows = 8;
+#else
+constexpr int kMaxRows = 4;
+#endif
 
 struct Activations {
   at::Tensor q;     // [M, K] int8
@@ -56,15 +63,34 @@ Activations quantize(const at::Tensor& x, int64_t group) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t b = 0; b < blocks; ++b) {
         const float* xb = xp + m * K + b * kBlock;
+        int8_t* qb = qp + m * K + b * kBlock;
+        float d;
+        int32_t sum = 0;
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+        // The same operations 16 lanes at a time (the scalar loop was 18 % of a 512 x 1536 matmul here):
+        // the conversion rounds half to even as nearbyint does in the default rounding mode.
+        const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))) / 127.f;
+        if (d == 0.f) {
+          std::memset(qb, 0, kBlock);
+        } else {
+          const __m512 dv = _mm512_set1_ps(d);
+          const __m512i v0 = _mm512_cvtps_epi32(_mm512_div_ps(x0, dv));
+          const __m512i v1 = _mm512_cvtps_epi32(_mm512_div_ps(x1, dv));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(v0));
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(v1));
+          sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+        }
+#else
         float amax = 0.f;
         for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
-        const float d = amax / 127.f;
-        int32_t sum = 0;
+        d = amax / 127.f;
         for (int64_t i = 0; i < kBlock; ++i) {
           const int32_t v = d == 0.f ? 0 : (int32_t)std::nearbyint(xb[i] / d);
-          qp[m * K + b * kBlock + i] = (int8_t)v;
+          qb[i] = (int8_t)v;
           sum += v;
         }
+#endif
         dp[m * blocks + b] = d;
         sp[m * groups + b * kBlock / group] += d * (float)sum;
       }
@@ -80,7 +106,11 @@ inline __m256i dot_u8s8(__m256i acc, __m256i w, __m256i a) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(acc, w, a);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(acc, w, a);
+  // In place through asm: with the intrinsic, GCC copied every accumulator once per instruction (two
+  // register moves per dot product in the inner loop); without them prefill's 512-row GEMMs ran 1.1-1.5x
+  // faster here (AVX-512 VNNI, 2 threads).
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
+  return acc;
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
 #endif
@@ -109,7 +139,7 @@ void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales,
           v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t * 64 + 32));
           w0 = _mm256_abs_epi8(v0), w1 = _mm256_abs_epi8(v1);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           int32_t quad;
           std::memcpy(&quad, a + r * K + t * 4, 4);
@@ -170,9 +200,13 @@ void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales,
 
 using TileFn = void (*)(const uint8_t*, int64_t, int64_t, const float*, const int8_t*, const float*,
                         const float*, float*, int64_t);
-constexpr TileFn kTiles[2][kMaxRows + 1] = {
-    {nullptr, panel_tile<false, 1>, panel_tile<false, 2>, panel_tile<false, 3>, panel_tile<false, 4>},
-    {nullptr, panel_tile<true, 1>, panel_tile<true, 2>, panel_tile<true, 3>, panel_tile<true, 4>}};
+template <bool Four, size_t... R>
+constexpr std::array<TileFn, sizeof...(R)> tiles(std::index_sequence<R...>) {
+  return {(R == 0 ? nullptr : panel_tile<Four, (int)R>)...};
+}
+// kTiles[four][rows]: the tile function for that many rows (1 .. kMaxRows).
+constexpr std::array<TileFn, kMaxRows + 1> kTiles[2] = {tiles<false>(std::make_index_sequence<kMaxRows + 1>{}),
+                                                       tiles<true>(std::make_index_sequence<kMaxRows + 1>{})};
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: [M, K] fp32");
