@@ -153,4 +153,5 @@ class ModelRunner:
         query_pos = torch.tensor([s.num_computed_tokens for s, _ in seqs])[:, None] + q_offset
         mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal, through the cached prefix
         valid = (torch.arange(max_q)[None, :] < num_new[:, None]).flatten().nonzero().squeeze(1)
-        return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid)
+        causal = all(s.num_computed_tokens == 0 for s, _ in seqs)
+        return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid, causal)

@@ -22,6 +22,10 @@ class AttentionGroup:
     mask: torch.Tensor | None  # [B, 1, Q, blocks_per_seq * block_size] True where a query may attend
     query_index: torch.Tensor | None  # [B, Q] flat rows of the group's queries (None: one query each)
     valid_index: torch.Tensor | None  # [tokens] positions of real queries in the padded [B * Q] rows
+    # Every row's queries start at position 0 (nothing cached before them): the mask is plain causal, and
+    # SDPA's is_causal, which skips the key blocks above the diagonal, gives the same bits 1.3-1.45x faster
+    # (512 and 1,024 fresh tokens, SmolLM2's 9 / 3 heads).
+    causal: bool = False
 
 
 @dataclass
@@ -117,7 +121,7 @@ def windowed(group: AttentionGroup | None, window: int) -> AttentionGroup | None
         return group
     query_pos = group.mask.sum(-1, keepdim=True) - 1
     key_pos = torch.arange(group.mask.shape[-1])
-    return dataclasses.replace(group, mask=group.mask & (key_pos > query_pos - window))
+    return dataclasses.replace(group, mask=group.mask & (key_pos > query_pos - window), causal=False)
 
 
 def gather(cache: torch.Tensor, group: AttentionGroup, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -147,5 +151,8 @@ def attend_prefill(q, k_cache, v_cache, group: AttentionGroup, scale: float) -> 
     num_heads, head_dim = q.shape[1:]
     k, v = gather(k_cache, group, batch, q.dtype), gather(v_cache, group, batch, q.dtype)
     qp = q[group.query_index].transpose(1, 2)  # [B, heads, Q, head_dim]
-    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=group.mask, enable_gqa=True, scale=scale)
+    mask = None if group.causal else group.mask
+    out = F.scaled_dot_product_attention(
+        qp, k, v, attn_mask=mask, is_causal=group.causal, enable_gqa=True, scale=scale
+    )
     return out.transpose(1, 2).reshape(batch * max_q, num_heads, head_dim)[group.valid_index]
