@@ -109,10 +109,7 @@ void block_scores(const float* q, const float* k, int64_t row, int64_t n, float 
 #endif
 }
 
-// acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block. Also asks
-// for the next block's first `ahead` tokens (`next_k`, `next_v`, same row stride) into L2, a token per
-// token of this one: the prefetches spread among the arithmetic keep memory streaming, where asking for a
-// whole block at once (hundreds of lines) stalled the core until they were in flight.
+// Token t's key and value rows of the next block, asked for into L2.
 template <int D>
 inline void prefetch_token(const float* next_k, const float* next_v, int64_t t, int64_t row) {
   for (int d = 0; d < D; d += 16) {
@@ -121,6 +118,10 @@ inline void prefetch_token(const float* next_k, const float* next_v, int64_t t, 
   }
 }
 
+// acc = acc * correction + sum over t of weights[t] * v[t * row], for the n values of one block. Also asks
+// for the next block's first `ahead` tokens (`next_k`, `next_v`, same row stride), a token per token of
+// this one: the prefetches spread among the arithmetic keep memory streaming, where asking for a whole
+// block at once (hundreds of lines) stalled the core until they were in flight.
 template <int D>
 void add_weighted_values(const float* weights, const float* v, int64_t row, int64_t n, float correction,
                          float* acc, const float* next_k, const float* next_v, int64_t ahead) {
