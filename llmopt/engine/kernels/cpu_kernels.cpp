@@ -18,7 +18,7 @@
 #include <limits>
 #include <vector>
 
-#include "vector_math.h"  // sum_lanes: the sums of a block's 16 dot-product vectors
+#include "vector_math.h"  // sum_lanes (the sums of a block's 16 dot-product vectors), max_of
 
 namespace llmopt_quant {  // quantized_matmul.cpp: packed int4 / int8 weights x int8 activations
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
@@ -61,23 +61,6 @@ inline void exp_inplace(float* x, int64_t n) {
   }
 #else
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
-#endif
-}
-
-// The largest of n (>= 1) floats; std::max in a loop is a serial chain (it does not vectorize without
-// -ffast-math).
-inline float max_of(const float* x, int64_t n) {
-#ifdef __AVX512F__
-  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
-    m = _mm512_mask_max_ps(m, mask, m, _mm512_maskz_loadu_ps(mask, x + i));
-  }
-  return _mm512_reduce_max_ps(m);
-#else
-  float m = x[0];
-  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
-  return m;
 #endif
 }
 
@@ -165,7 +148,7 @@ void attend_block(const float* q, const float* k, const float* v, int64_t row, i
     float& running_max = acc[D];
     float& running_sum = acc[D + 1];
     block_scores<D>(q + g * D, k, row, n, scale, scores);
-    const float new_max = std::max(running_max, max_of(scores, n));
+    const float new_max = std::max(running_max, llmopt_simd::max_of(scores, n));
     const float correction = new_max == running_max ? 1.f : std::exp(running_max - new_max);
     running_max = new_max;
     float block_sum = 0.f;

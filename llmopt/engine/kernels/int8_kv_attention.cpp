@@ -137,9 +137,7 @@ void decode_heads(const float* q, const int8_t* k_cache, const int8_t* v_cache, 
     dequantize_rows<D>(v_cache + base + lo * row, row, n, values);
     for (int64_t g = 0; g < group; ++g) {
       block_scores<D>(q + g * D, keys, n, scale, scores);
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < n; ++t) block_max = std::max(block_max, scores[t]);
-      const float new_max = std::max(running_max[g], block_max);
+      const float new_max = std::max(running_max[g], max_of(scores, n));
       const float correction = std::exp(running_max[g] - new_max);
       running_max[g] = new_max;
       for (int64_t t = 0; t < n; ++t) scores[t] -= new_max;

@@ -1,12 +1,15 @@
 // Vector arithmetic for the kernels, for the instruction set -march=native allows (AVX-512, else AVX2;
 // with neither, only the scalar exp_inplace): a lane-width-neutral Vec, the sums of kLanes vectors at
-// once, and exp over an array (Cephes' expf, as cpu_kernels.cpp's exp_inplace, with an AVX2 path).
+// once, exp over an array (Cephes' expf, as cpu_kernels.cpp's exp_inplace, with an AVX2 path), and the
+// largest of an array.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace llmopt_simd {
 
@@ -106,5 +109,22 @@ inline void exp_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 #endif
+
+// The largest of n (>= 1) floats; std::max in a loop is a serial chain (it does not vectorize without
+// -ffast-math).
+inline float max_of(const float* x, int64_t n) {
+#ifdef __AVX512F__
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask = n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1;
+    m = _mm512_mask_max_ps(m, mask, m, _mm512_maskz_loadu_ps(mask, x + i));
+  }
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+#endif
+}
 
 }  // namespace llmopt_simd
