@@ -66,7 +66,7 @@ Activations quantize(const at::Tensor& x, int64_t group) {
         int8_t* qb = qp + m * K + b * kBlock;
         float d;
         int32_t sum = 0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if defined(__AVX512F__)
         // The same operations 16 lanes at a time (the scalar loop was 18 % of a 512 x 1536 matmul here):
         // the conversion rounds half to even as nearbyint does in the default rounding mode.
         const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
