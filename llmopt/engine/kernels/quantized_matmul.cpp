@@ -36,8 +36,9 @@ namespace {
 constexpr int64_t kCols = 16;   // output columns per panel
 constexpr int64_t kBlock = 32;  // inputs per activation scale
 constexpr int64_t kQuads = kBlock / 4;
-// Rows per tile: 8 rows x 4 accumulators need AVX-512VL's 32 vector registers (AVX2 has 16: 4 rows).
-#if defined(__AVX512VL__)
+// Rows per tile: 8 rows x 2 accumulators of 16 columns in AVX-512's 32 vector registers (12 rows ran
+// 1.1-1.3x slower at 512 rows here); the AVX2 tile holds 4 rows x 4 accumulators in its 16.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr int kMaxRows = 8;
 #else
 constexpr int kMaxRows = 4;
@@ -98,19 +99,69 @@ Activations quantize(const at::Tensor& x, int64_t group) {
   return a;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// acc += per-lane dot of 4 u8 weights and 4 s8 activations. In place through asm: with the intrinsic, GCC
+// copied every accumulator once per instruction (two register moves per dot product in the inner loop);
+// without them prefill's 512-row GEMMs ran 1.1-1.5x faster here (AVX-512 VNNI, 2 threads).
+inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i a) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
+  return acc;
+}
+
+// A panel's 16 columns in one 512-bit register: the same integer dot products and the same fp32 steps
+// per column as the 256-bit tile below, so the same bits.
+template <bool Four, int R>
+void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales, const int8_t* a,
+                const float* d, const float* sums, float* out, int64_t ldo) {
+  const int64_t blocks = K / kBlock, groups = K / group, per_group = group / kBlock;
+  const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* sg = scales + g * 2 * kCols;
+    const __m512 s = _mm512_loadu_ps(sg);
+    for (int64_t b = g * per_group; b < (g + 1) * per_group; ++b) {
+      __m512i dot[R];
+      for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+      for (int64_t t = b * kQuads; t < (b + 1) * kQuads; ++t) {
+        __m512i wq;
+        __mmask64 negative = 0;
+        if constexpr (Four) {
+          // The quad's 32 bytes in both halves; the upper half (columns 8-15) takes the high nibbles.
+          const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + t * 32)));
+          wq = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xFFFF0000u, v, 4), nibble);
+        } else {
+          const __m512i v = _mm512_loadu_si512(w + t * 64);
+          wq = _mm512_abs_epi8(v), negative = _mm512_movepi8_mask(v);
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          int32_t quad;
+          std::memcpy(&quad, a + r * K + t * 4, 4);
+          const __m512i ab = _mm512_set1_epi32(quad);
+          if constexpr (Four)
+            dot[r] = dot_u8s8(dot[r], wq, ab);
+          else
+            dot[r] = dot_u8s8(dot[r], wq, _mm512_mask_sub_epi8(ab, negative, zero, ab));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 dr = _mm512_set1_ps(d[r * blocks + b]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(s, dr), acc[r]);
+      }
+    }
+    const __m512 z = _mm512_loadu_ps(sg + kCols);
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_fnmadd_ps(z, _mm512_set1_ps(sums[r * groups + g]), acc[r]);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
 // acc += per-lane dot of 4 u8 weights and 4 s8 activations. maddubs' int16 pairs cannot saturate here:
 // int4 weights are at most 15 (2 * 15 * 127), and int8 ones come in as |w| <= 128 with the sign moved
 // onto the activation (2 * 128 * 127 < 32767), as llama.cpp's mul_sum_i8_pairs does.
 inline __m256i dot_u8s8(__m256i acc, __m256i w, __m256i a) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(acc, w, a);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  // In place through asm: with the intrinsic, GCC copied every accumulator once per instruction (two
-  // register moves per dot product in the inner loop); without them prefill's 512-row GEMMs ran 1.1-1.5x
-  // faster here (AVX-512 VNNI, 2 threads).
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
-  return acc;
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)));
 #endif
