@@ -154,4 +154,4 @@ class ModelRunner:
         mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal, through the cached prefix
         valid = (torch.arange(max_q)[None, :] < num_new[:, None]).flatten().nonzero().squeeze(1)
         causal = all(s.num_computed_tokens == 0 for s, _ in seqs)
-        return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid, causal)
+        return AttentionGroup(block_tables, lens, mask[:, None, :, :], query_index, valid, causal, num_new)

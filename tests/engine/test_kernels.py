@@ -116,6 +116,76 @@ def test_windowed_decode_attention_matches_sdpa_with_a_window_mask(block_size, h
         torch.testing.assert_close(fallback[row], expected, rtol=1e-5, atol=1e-5)
 
 
+def sdpa_prefill(q, k_cache, v_cache, tables, context_lens, query_lens, scale, window):
+    """Each row's new queries (the last query_lens of its context) through SDPA, causal and windowed."""
+    outs, start = [], 0
+    for row, (length, new) in enumerate(zip(context_lens.tolist(), query_lens.tolist())):
+        keys = k_cache[tables[row]].flatten(0, 1)[:length].transpose(0, 1)  # [kv_heads, len, dim]
+        values = v_cache[tables[row]].flatten(0, 1)[:length].transpose(0, 1)
+        query_pos, key_pos = torch.arange(length - new, length)[:, None], torch.arange(length)[None, :]
+        mask = (key_pos <= query_pos) & (key_pos > query_pos - (window or length))
+        queries = q[start : start + new].transpose(0, 1)  # [heads, new, dim]
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, enable_gqa=True, scale=scale
+        )
+        outs.append(out.transpose(0, 1))
+        start += new
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize(
+    ("block_size", "head_dim", "heads", "kv_heads"),
+    [(16, 64, 9, 3), (16, 256, 4, 1), (8, 32, 8, 8), (64, 128, 4, 2)],
+)
+@pytest.mark.parametrize("window", [0, 5, 37])
+def test_paged_prefill_attention_matches_sdpa(block_size, head_dim, heads, kv_heads, window):
+    """Prompt chunks over the paged cache: a fresh row, rows behind a cached prefix, a chunk of one query
+    and of a few (a short last tile), contexts ending inside and on the edge of a block, with and without a
+    sliding window; GQA groups of 3 and 4, and none."""
+    torch.manual_seed(block_size + head_dim + window)
+    num_blocks = 120
+    k_cache, v_cache = torch.randn(2, num_blocks, block_size, kv_heads, head_dim)
+    context_lens = torch.tensor([40, 300, 17, 1, 4 * block_size, 129])
+    query_lens = torch.tensor([40, 45, 3, 1, 18, 100])
+    max_blocks = -(-300 // block_size)
+    tables = torch.stack([torch.randperm(num_blocks)[:max_blocks] for _ in context_lens])
+    q, scale = torch.randn(int(query_lens.sum()), heads, head_dim), head_dim**-0.5
+    out = torch.ops.llmopt.paged_prefill_attention(
+        q, k_cache, v_cache, tables, context_lens, query_lens, scale, window
+    )
+    expected = sdpa_prefill(q, k_cache, v_cache, tables, context_lens, query_lens, scale, window)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_prefill_rows_result_is_the_same_alone_as_beside_other_rows():
+    """The work is cut by each row's own queries, never by the batch: bit for bit the same result."""
+    torch.manual_seed(1)
+    k_cache, v_cache = torch.randn(2, 64, 16, 3, 64)
+    tables = torch.randperm(64)[:60].view(2, 30)
+    context_lens, query_lens = torch.tensor([400, 66]), torch.tensor([66, 66])
+    q = torch.randn(132, 9, 64)
+    both = torch.ops.llmopt.paged_prefill_attention(
+        q, k_cache, v_cache, tables, context_lens, query_lens, 0.125, 0
+    )
+    alone = torch.ops.llmopt.paged_prefill_attention(
+        q[:66], k_cache, v_cache, tables[:1], context_lens[:1], query_lens[:1], 0.125, 0
+    )
+    assert torch.equal(both[:66], alone)
+
+
+def test_paged_prefill_attention_refuses_inconsistent_lengths():
+    k_cache, v_cache = torch.randn(2, 4, 16, 3, 64)
+    tables = torch.arange(4).view(1, 4)
+    with pytest.raises(RuntimeError, match="add up"):
+        torch.ops.llmopt.paged_prefill_attention(
+            torch.randn(5, 9, 64), k_cache, v_cache, tables, torch.tensor([10]), torch.tensor([4]), 0.125, 0
+        )
+    with pytest.raises(RuntimeError, match="beyond the block tables"):
+        torch.ops.llmopt.paged_prefill_attention(
+            torch.randn(5, 9, 64), k_cache, v_cache, tables, torch.tensor([65]), torch.tensor([5]), 0.125, 0
+        )
+
+
 def test_silu_mul_matches_torch_over_the_whole_range():
     gate = torch.linspace(-120, 120, 100_000)
     up = torch.randn(100_000)

@@ -1,5 +1,5 @@
 // Vector arithmetic for the kernels, for the instruction set -march=native allows (AVX-512, else AVX2;
-// with neither, only the scalar exp_inplace): a lane-width-neutral Vec, the sums of kLanes vectors at
+// with neither, a one-lane Vec and the scalar exp_inplace): a lane-width-neutral Vec, the sums of kLanes vectors at
 // once, exp over an array (Cephes' expf, as cpu_kernels.cpp's exp_inplace, with an AVX2 path), and the
 // largest of an array.
 #pragma once
@@ -25,11 +25,14 @@ inline Vec vfnma(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
 inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec vround(Vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 inline Vec vpow2(Vec p, Vec k) { return _mm512_scalef_ps(p, k); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+// a <= b ? x : y, lane by lane.
+inline Vec vwhere_le(Vec a, Vec b, Vec x, Vec y) { return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LE_OQ), y, x); }
 // kLanes int8 values as floats.
 // out[t] = the sum of v[t]'s lanes, for 16 vectors: a transposing tree of shuffles and adds, instead of
 // 16 separate horizontal sums (cpu_kernels.cpp's block_scores and the int8 kernel use it).
@@ -61,6 +64,7 @@ inline Vec vfnma(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
 inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
 inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec vround(Vec a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -69,6 +73,7 @@ inline Vec vpow2(Vec p, Vec k) {
   const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
+inline Vec vwhere_le(Vec a, Vec b, Vec x, Vec y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LE_OQ)); }
 inline float vsum(Vec v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -85,26 +90,44 @@ inline Vec vload_i8(const int8_t* p) {
 }
 #endif
 
+// exp of each lane: Cephes' expf, exp(x) = 2^k * p(x - k ln 2), about 1 ulp. Below -87.3 it gives
+// exp(-87.3) (~1e-38), not 0: a masked score must be zeroed by its mask, not by exp.
+inline Vec vexp(Vec x) {
+  // [-87.3, 88.3] rather than Cephes' +-88.38: keeps 2^k a normal float for the AVX2 exponent-bits path.
+  const Vec v = vmax(vmin(x, vset(88.3f)), vset(-87.3f));
+  const Vec k = vround(vmul(v, vset(1.44269504088896341f)));
+  Vec r = vfnma(k, vset(0.693359375f), v);
+  r = vfnma(k, vset(-2.12194440e-4f), r);
+  Vec p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(p, vmul(r, r), vadd(r, vset(1.f)));
+  return vpow2(p, k);
+}
+
 inline void exp_inplace(float* x, int64_t n) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    // [-87.3, 88.3] rather than Cephes' +-88.38: keeps 2^k a normal float for the AVX2 exponent-bits path.
-    Vec v = vmax(vmin(vload(x + i), vset(88.3f)), vset(-87.3f));
-    const Vec k = vround(vmul(v, vset(1.44269504088896341f)));
-    Vec r = vfnma(k, vset(0.693359375f), v);
-    r = vfnma(k, vset(-2.12194440e-4f), r);
-    Vec p = vset(1.9875691500e-4f);
-    p = vfma(p, r, vset(1.3981999507e-3f));
-    p = vfma(p, r, vset(8.3334519073e-3f));
-    p = vfma(p, r, vset(4.1665795894e-2f));
-    p = vfma(p, r, vset(1.6666665459e-1f));
-    p = vfma(p, r, vset(5.0000001201e-1f));
-    p = vfma(p, vmul(r, r), vadd(r, vset(1.f)));
-    vstore(x + i, vpow2(p, k));
-  }
+  for (; i + kLanes <= n; i += kLanes) vstore(x + i, vexp(vload(x + i)));
   for (; i < n; ++i) x[i] = std::exp(x[i]);
 }
 #else
+// No vector extension: one lane, so that kernels written with Vec (prefill_attention.cpp) still build.
+using Vec = float;
+constexpr int kLanes = 1;
+inline Vec vset(float x) { return x; }
+inline Vec vload(const float* p) { return *p; }
+inline void vstore(float* p, Vec v) { *p = v; }
+inline Vec vfma(Vec a, Vec b, Vec c) { return a * b + c; }
+inline Vec vmul(Vec a, Vec b) { return a * b; }
+inline Vec vzero() { return 0.f; }
+inline Vec vadd(Vec a, Vec b) { return a + b; }
+inline Vec vsub(Vec a, Vec b) { return a - b; }
+inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }
+inline Vec vwhere_le(Vec a, Vec b, Vec x, Vec y) { return a <= b ? x : y; }
+inline Vec vexp(Vec x) { return std::exp(std::max(x, -87.3f)); }
 inline void exp_inplace(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }

@@ -26,6 +26,7 @@ class AttentionGroup:
     # SDPA's is_causal, which skips the key blocks above the diagonal, gives the same bits 1.3-1.45x faster
     # (512 and 1,024 fresh tokens, SmolLM2's 9 / 3 heads).
     causal: bool = False
+    query_lens: torch.Tensor | None = None  # [B] new tokens per row (prefill group; what the kernel reads)
 
 
 @dataclass
@@ -57,7 +58,7 @@ def paged_attention(
     """Attention output [T, heads, head_dim] of the batch's queries q [T, heads, head_dim], whose keys and
     values are already in the cache: decode rows first (meta.num_decode_tokens), then the prefill group.
     window > 0: each query attends to its last `window` positions only; the SDPA paths read that from
-    meta's masks (see `windowed`), the decode kernel from this argument. scale: head_dim ** -0.5 if None."""
+    meta's masks (see `windowed`), the kernels from this argument. scale: head_dim ** -0.5 if None."""
     scale = head_dim**-0.5 if scale is None else scale
     out = torch.empty_like(q)
     n_dec = meta.num_decode_tokens
@@ -78,7 +79,20 @@ def paged_attention(
         )
     elif meta.decode is not None:
         out[:n_dec] = attend_decode(q[:n_dec], k_cache, v_cache, meta.decode, num_kv_heads, scale)
-    if meta.prefill is not None:
+    if meta.prefill is not None and meta.use_kernels and k_cache.dtype == torch.float32:
+        # Causal and windowed by position in the kernel (prefill_attention.cpp), no mask and no gather.
+        group = meta.prefill
+        out[n_dec:] = torch.ops.llmopt.paged_prefill_attention(
+            q[n_dec:].contiguous(),
+            k_cache,
+            v_cache,
+            group.block_tables,
+            group.context_lens,
+            group.query_lens,
+            scale,
+            window,
+        )
+    elif meta.prefill is not None:
         out[n_dec:] = attend_prefill(q[n_dec:], k_cache, v_cache, meta.prefill, scale)
     return out
 
