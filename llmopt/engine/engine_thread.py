@@ -32,9 +32,13 @@ class EngineThread:
         self.failure: str | None = None  # why a step failed: the engine then serves nothing more
         self._calls: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="llmopt-engine", daemon=True)
+        self._warm = threading.Event()
 
     def start(self) -> None:
+        """Start stepping; returns once the engine has warmed up on its thread (a server accepts requests
+        only after that, so the first one does not pay for it)."""
         self._thread.start()
+        self._warm.wait()
 
     def add_request(
         self,
@@ -89,7 +93,15 @@ class EngineThread:
 
     def _run(self) -> None:
         engine = self.engine
-        while not self._stopping:
+        try:
+            engine.warm_up()
+        except Exception as exc:  # a forward that fails on dummy tokens would fail on a request's too
+            log.exception("engine warm-up failed; /health reports the failure")
+            with self._intake:
+                self.failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._warm.set()
+        while not self._stopping and self.failure is None:
             self._run_calls()
             if not engine.has_unfinished_requests():
                 self._wakeup.wait(0.05)

@@ -89,6 +89,14 @@ class LLMEngine:
         self.requests_finished = 0
         self.step_log = StepLog()
 
+    def warm_up(self) -> None:
+        """A step's worth of prefill and a decode step run once on the calling thread (the one that will
+        step), before the first request, as vLLM and llama.cpp's server do at start-up."""
+        bm = self.block_manager
+        assert not self._requests and bm.num_used_blocks == 0, "warm up before any request"
+        assert not bm.hash_to_block_id, "warm up before the prefix cache holds anything: it writes blocks 0.."
+        self.runner.warm_up(min(self.config.max_num_batched_tokens, self.max_model_len - 1))
+
     def _eos_token_ids(self) -> set[int]:
         ids: set[int] = set()
         try:

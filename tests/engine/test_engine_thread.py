@@ -16,8 +16,9 @@ from llmopt.engine.sampling_params import SamplingParams
 class FakeEngine:
     """Queues requests; each step finishes them (or raises, once told to); abort_all ends the rest."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, fail_warm_up: bool = False):
         self.fail = fail
+        self.fail_warm_up = fail_warm_up
         self.pending: dict[str, object] = {}
         self.lock = threading.Lock()
 
@@ -27,6 +28,10 @@ class FakeEngine:
 
     def abort_request(self, request_id: str) -> None:
         pass
+
+    def warm_up(self) -> None:
+        if self.fail_warm_up:
+            raise RuntimeError("no memory for the KV cache")
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.pending)
@@ -81,3 +86,12 @@ def test_every_request_queued_around_shutdown_gets_its_final_output():
     thread.shutdown()
     adder.join()
     assert added and set(added) == finished
+
+
+def test_a_failed_warm_up_makes_the_thread_unhealthy_and_refuses_requests():
+    thread = EngineThread(FakeEngine(fail_warm_up=True))
+    thread.start()  # returns: the failure is reported, not raised into the server's start-up
+    assert not thread.healthy and "no memory for the KV cache" in thread.failure
+    with pytest.raises(RuntimeError, match="engine failed"):
+        thread.add_request([1], SamplingParams(), "a", lambda output: None)
+    thread.shutdown()

@@ -115,6 +115,21 @@ def test_prefix_cache_hits_are_reported_and_exact(llm, hf_greedy):
     assert_all_blocks_free(llm.engine)
 
 
+def test_warm_up_leaves_nothing_behind(model_dir, llm, hf_greedy):
+    """The start-up forward writes blocks 0.. but caches nothing: a prompt of its own tokens finds no
+    prefix hit and decodes as transformers does. An engine whose cache holds prefixes refuses it."""
+    fresh = LLM(str(model_dir), num_kv_blocks=64)
+    fresh.engine.warm_up()
+    assert_all_blocks_free(fresh.engine)
+    prompt = [0] * 40  # the warm-up's tokens
+    [out] = fresh.generate([prompt], greedy(8))
+    assert out.cached_tokens == 0
+    assert out.token_ids == hf_greedy(tuple(prompt), 8)
+    llm.generate([llm.tokenizer.encode(" ".join(PROMPTS))], greedy(1))  # the shared engine caches it
+    with pytest.raises(AssertionError, match="prefix cache"):
+        llm.engine.warm_up()
+
+
 def test_identical_prompts_in_one_batch(llm, hf_greedy):
     ids = llm.tokenizer.encode(" ".join(PROMPTS[:4]))
     outputs = llm.generate([ids] * 4, greedy(10))
