@@ -7,7 +7,7 @@ optional final logit soft-capping, and interleaved layers: sliding-window ("loca
 the last `sliding_window` positions with their own rotary base, global layers to the whole context.
 
 Every layer keeps all of a sequence's blocks (one cache shared by all layers); a local layer only reads
-its window, through a narrower mask (SDPA) or the decode kernel's window argument.
+its window, through the prefill and decode kernels' window argument (a narrower mask where SDPA runs).
 """
 
 from __future__ import annotations
