@@ -29,6 +29,9 @@ constexpr int kKeys = kLanes >= 16 ? 16 : 8;
 // Keys folded into the softmax state at once, in passes of kKeys: the outputs are read, rescaled and
 // written back once per chunk, so a longer chunk spends more of its time in multiply-adds.
 constexpr int kChunk = 2 * kKeys;
+// Dimensions of a dot product summed in one chain (D is 32 or a multiple of 64).
+template <int D>
+constexpr int kDotRunOf = D < 64 ? D : 64;
 // Dimensions of the output updated at once from the chunk's weights (independent FMA chains).
 constexpr int kDims = kLanes >= 16 ? 8 : 4;
 
@@ -52,16 +55,21 @@ struct LaneState {
 template <int D>
 void attend_keys(const float* keys, const float* values, const float* key_pos, const float* window_last, float scale,
                  LaneState<D>& s) {
+  constexpr int kDotRun = kDotRunOf<D>;
   const Vec query_pos = s.query_pos;
   Vec score[kChunk];
   for (int j0 = 0; j0 < kChunk; j0 += kKeys) {
-    Vec acc[kKeys];
-    for (int j = 0; j < kKeys; ++j) acc[j] = vzero();
-    for (int d = 0; d < D; ++d) {
-      const Vec q = vload(s.q_t + d * kLanes);
-      for (int j = 0; j < kKeys; ++j) acc[j] = vfma(q, vset(keys[(j0 + j) * D + d]), acc[j]);
+    // Dot products in runs of kDotRun dimensions added up afterwards, not one chain of D: at D = 256 one
+    // chain's rounding error was 1.7x SDPA's against a float64 reference (mean 1.1e-6 against 6.3e-7).
+    for (int d0 = 0; d0 < D; d0 += kDotRun) {
+      Vec acc[kKeys];
+      for (int j = 0; j < kKeys; ++j) acc[j] = vzero();
+      for (int d = d0; d < d0 + kDotRun; ++d) {
+        const Vec q = vload(s.q_t + d * kLanes);
+        for (int j = 0; j < kKeys; ++j) acc[j] = vfma(q, vset(keys[(j0 + j) * D + d]), acc[j]);
+      }
+      for (int j = 0; j < kKeys; ++j) score[j0 + j] = d0 == 0 ? acc[j] : vadd(score[j0 + j], acc[j]);
     }
-    for (int j = 0; j < kKeys; ++j) score[j0 + j] = acc[j];
   }
   const Vec minus_inf = vset(-std::numeric_limits<float>::infinity());
   Vec chunk_max = minus_inf;
@@ -82,12 +90,15 @@ void attend_keys(const float* keys, const float* values, const float* key_pos, c
   }
   s.sum = vfma(s.sum, correction, total);
   s.max = new_max;
+  // The chunk's weighted values summed apart, then added to the rescaled output: two levels of sums
+  // rather than one chain over the whole context (the same operations).
   for (int d0 = 0; d0 < D; d0 += kDims) {
     Vec acc[kDims];
-    for (int u = 0; u < kDims; ++u) acc[u] = vmul(vload(s.out_t + (d0 + u) * kLanes), correction);
+    for (int u = 0; u < kDims; ++u) acc[u] = vzero();
     for (int j = 0; j < kChunk; ++j)
       for (int u = 0; u < kDims; ++u) acc[u] = vfma(score[j], vset(values[j * D + d0 + u]), acc[u]);
-    for (int u = 0; u < kDims; ++u) vstore(s.out_t + (d0 + u) * kLanes, acc[u]);
+    for (int u = 0; u < kDims; ++u)
+      vstore(s.out_t + (d0 + u) * kLanes, vfma(vload(s.out_t + (d0 + u) * kLanes), correction, acc[u]));
   }
 }
 
