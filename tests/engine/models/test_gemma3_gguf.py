@@ -1,21 +1,25 @@
-"""The real Gemma 3 270M (Q4_K_M GGUF from llmopt[gemma]) against llama.cpp on the same file, recorded
-once by record_gemma3_llamacpp.py: llmopt's own GGUF -> Gemma 3 mapping (norm offsets, tokenizer, layout)
-and the sliding window, on ten prompts of which three are longer than its 512-token window, and the
-perplexity of a ~600-token text against llama.cpp's own log-probabilities of it.
+"""The real Gemma 3 270M (Q4_K_M GGUF from llmopt[gemma]) against two references: llama.cpp on the same
+file (recorded once by record_gemma3_llamacpp.py), and the exact arithmetic, transformers' Gemma 3 in
+float64 on the file's dequantized weights (computed here). Together they check llmopt's own GGUF -> Gemma 3
+mapping (norm offsets, tokenizer, layout) and the sliding window, on ten prompts of which three are longer
+than its 512-token window, and the perplexity of a ~600-token text against llama.cpp's own
+log-probabilities of it.
 
 Both ways llmopt serves the file: fp32 on the dequantized weights (the default) and `--dtype auto`
 (Q5_0/Q8_0/Q4_K weights quantized, int8 activations per block of 32 at every batch size, Q6_K
-dequantized, the Q8_0 embedding as the output layer). Held: >= 90 % of llama.cpp's continuation tokens
-are llmopt's greedy pick too (teacher-forced: 96.3 % fp32, 95.3 % auto), perplexity within 2 % of
-llama.cpp's (-1.1 % fp32, -0.8 % auto), and the first 8 greedy tokens the same on >= 6 of 10 prompts
-outright, >= 8 counting a prompt where the two part at a near-tie for llmopt (llama.cpp's pick within
-0.25 of its top logit). Not met: the issue's ">= 8 of 10 identical" (7 fp32, 6 auto; which near-ties part
-moves with the last bits of the arithmetic, most in auto, where int8 activation rounding amplifies them:
-auto gave 7 with prefill attention through SDPA). Emulating llama.cpp's
-activation rounding for its K-quant layers (one int8 scale per 256 inputs, Q6_K included) moved
-perplexity to -0.1 % and agreement to 96.2 %, and still gave 7 (other prompts part, each at a near-tie);
-per-32 rounding is the closer one to the fp32 weights, so it stays. Skipped where
-the package is not installed."""
+dequantized, the Q8_0 embedding as the output layer). Held: fp32 starts (first 8 greedy tokens) as the
+exact arithmetic does on 10 of 10 prompts; auto on >= 8, parting only where the exact logits are a
+near-tie; >= 90 % of llama.cpp's continuation tokens are llmopt's greedy pick too (teacher-forced: 96.3 %
+fp32, 95.3 % auto); perplexity within 2 % of llama.cpp's (-1.1 % fp32, -0.8 % auto).
+
+The issue's ">= 8 of 10 starts identical to llama.cpp" is not held, and a correct engine cannot hold it on
+these prompts: llama.cpp itself starts as the exact arithmetic does on 7 of 10 (it parts at exact
+margins of 0.036-0.084 logit, its activation rounding), and those 3 are exactly where fp32 llmopt parts
+from it (7 of 10; auto 6). What is held against llama.cpp: >= 6 outright and >= 8 counting a parting at a
+near-tie for llmopt (llama.cpp's pick within 0.25 of its top logit). Tried, in scratch, to come closer to
+llama.cpp's starts: its f16 K/V/Q rounding (fp32: no change; auto 7), its fp16 GELU table (auto 7), its
+Q8_K activation rounding for K-quant layers (auto 7, other prompts). Skipped where the package is not
+installed."""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from llmopt.checkpoints import GEMMA3_MODEL
+from llmopt.checkpoints import GEMMA3_MODEL, resolve_model
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
@@ -49,7 +53,14 @@ NEAR_TIE = 0.25  # logits: what llama.cpp's quantized compute moves, per the rec
 
 
 @dataclass
+class ExactStart:
+    tokens: list[int]  # the first FIRST greedy tokens in float64
+    logits: torch.Tensor  # [FIRST, vocab] float64, the logits each was picked from
+
+
+@dataclass
 class Comparison:
+    starts: list[list[int]]  # per prompt: llmopt's first FIRST greedy tokens
     same_start: list[bool]  # per prompt: the first FIRST greedy tokens are llama.cpp's
     near_ties: list[bool]  # per prompt: same start, or they part where llama.cpp's pick is a near-tie
     agree: int  # teacher-forced continuation tokens where llmopt's argmax is llama.cpp's token
@@ -78,6 +89,37 @@ def text_perplexity(llm: LLM, token_ids: list[int]) -> float:
     return math.exp(-float(logprobs.mean()))
 
 
+@pytest.fixture(scope="module")
+def exact() -> list[ExactStart]:
+    """transformers' Gemma 3 in float64 (eager attention, its own sliding-window mask) on the same
+    dequantized weights llmopt's fp32 serves: the file's model without rounding beyond float64's."""
+    from transformers import AutoModelForCausalLM
+
+    records = json.loads(FIXTURE.read_text())["records"]
+    folder = resolve_model(GEMMA3_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
+    starts = []
+    with torch.inference_mode():
+        for r in records:
+            out = model.eval().generate(
+                torch.tensor([r["prompt_ids"]]),
+                max_new_tokens=FIRST,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+            tokens = out.sequences[0, len(r["prompt_ids"]) :].tolist()
+            starts.append(ExactStart(tokens, torch.cat(out.scores)))
+    del model
+    gc.collect()
+    return starts
+
+
+def parts_from_exact_at_near_tie(start: list[int], exact: ExactStart) -> bool:
+    k = next((i for i, (a, b) in enumerate(zip(start, exact.tokens)) if a != b), None)
+    return k is None or float(exact.logits[k].max() - exact.logits[k, start[k]]) < NEAR_TIE
+
+
 @pytest.fixture(scope="module", params=["auto", "float32"])
 def compared(request) -> tuple[str, Comparison]:
     """One load of the model per dtype; the engine's greedy runs first, then the forwards that write KV
@@ -94,6 +136,7 @@ def compared(request) -> tuple[str, Comparison]:
         perplexity = text_perplexity(llm, scored["token_ids"])
     refs = [torch.tensor(r["tokens"]) for r in records]
     comparison = Comparison(
+        starts=[out[:FIRST] for out in outputs],
         same_start=[out[:FIRST] == r["tokens"][:FIRST] for out, r in zip(outputs, records)],
         near_ties=[parting_is_near_tie(out, ref, lg) for out, ref, lg in zip(outputs, refs, logits)],
         agree=sum(int((lg.argmax(-1) == ref).sum()) for lg, ref in zip(logits, refs)),
@@ -111,6 +154,18 @@ def test_the_fixtures_cover_the_window():
     records = json.loads(FIXTURE.read_text())["records"]
     assert sum(len(r["prompt_ids"]) > 512 for r in records) >= 3, "some prompts must outgrow the window"
     assert len(json.loads(LOGPROBS_FIXTURE.read_text())["token_ids"]) > 512
+
+
+def test_gemma3_gguf_starts_as_the_exact_arithmetic_does(compared, exact):
+    dtype, c = compared
+    records = json.loads(FIXTURE.read_text())["records"]
+    same = [start == e.tokens for start, e in zip(c.starts, exact)]
+    llamacpp_same = [r["tokens"][:FIRST] == e.tokens for r, e in zip(records, exact)]
+    print(dtype, "starts as float64 does:", same, "llama.cpp:", llamacpp_same)  # the README's figures
+    if dtype == "float32":
+        assert all(same), same
+    else:  # int8 activations round more than llama.cpp's f16 steps: partings only at exact near-ties
+        assert sum(same) >= 8 and all(map(parts_from_exact_at_near_tie, c.starts, exact)), same
 
 
 def test_gemma3_gguf_follows_llamacpps_greedy_output(compared):
