@@ -16,8 +16,10 @@ from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, Quantize
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
 QUANTIZED = Path(__file__).resolve().parents[2] / "results" / "quantized"
-# (bits, group size, in_features): 4-bit groups of 32/64/128, 8-bit grouped and per channel (group = in)
-CASES = [(4, 32, 256), (4, 64, 256), (4, 128, 256), (8, 32, 128), (8, 128, 128), (8, 256, 256)]
+# (bits, group size, in_features): 4-bit groups of 16/32/64/128, 8-bit grouped and per channel (group =
+# in), 6-bit (Q6_K) and 8-bit in groups of 16
+CASES = [(4, 16, 128), (4, 32, 256), (4, 64, 256), (4, 128, 256), (6, 16, 256), (8, 16, 128), (8, 32, 128)]
+CASES += [(8, 128, 128), (8, 256, 256)]
 ROWS = [1, 3, 16, 127]
 
 
@@ -33,15 +35,20 @@ def random_weight(bits: int, group: int, in_features: int, out_features: int = 4
     )
 
 
+def activation_block(group: int) -> int:
+    return 16 if group == 16 else 32
+
+
 def quantize_reference(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row and block of 32: d = max|x| / 127, a = round(x / d) (half to even), and the zero-point
-    sums xs[m, g] = sum over the group's blocks of d * sum(a)."""
+    """Per row and block of 32 (16 for groups of 16): d = max|x| / 127, a = round(x / d) (half to even),
+    and the zero-point sums xs[m, g] = sum over the group's blocks of d * sum(a)."""
     rows, k = x.shape
-    blocks = x.view(rows, k // 32, 32)
+    block = activation_block(group)
+    blocks = x.view(rows, k // block, block)
     d = blocks.abs().amax(-1) / 127
     safe = torch.where(d == 0, torch.ones_like(d), d)
     a = torch.where(d[..., None] == 0, 0.0, torch.round(blocks / safe[..., None]))
-    sums = (d * a.sum(-1)).view(rows, k // group, group // 32).sum(-1)
+    sums = (d * a.sum(-1)).view(rows, k // group, group // block).sum(-1)
     return a.to(torch.int8).view(rows, k), d, sums
 
 
@@ -50,7 +57,7 @@ def run(x: torch.Tensor, panels: quantized_panels.QuantizedPanels) -> torch.Tens
 
 
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("group", [32, 64, 128, 256])
+@pytest.mark.parametrize("group", [16, 32, 64, 128, 256])
 def test_activations_quantize_like_the_reference(rows, group):
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows)) * 3
     x[0, :32] = 0  # an all-zero block: scale 0, values 0
@@ -69,7 +76,9 @@ def test_integer_dot_products_are_bit_exact(bits, group, in_features, rows):
     w = random_weight(bits, group, in_features)
     w.scale = 2.0 ** torch.randint(-2, 1, w.scale.shape, generator=gen).float()
     a = torch.randint(-127, 128, (rows, in_features), generator=gen)
-    a.view(rows, -1, 32)[:, :, 0] = 127  # every block's max |a| is 127, so d = 1 and a is unchanged
+    a.view(rows, -1, activation_block(group))[:, :, 0] = (
+        127  # every block's max |a| is 127: d = 1, a unchanged
+    )
     centered = (w.q.long() - w.zero.long().repeat_interleave(group, 1)).view(-1, in_features // group, group)
     per_group = torch.einsum("ngk,mgk->mng", centered, a.view(rows, -1, group))  # int64, exact
     expected = (per_group.double() * w.scale.double()[None]).sum(-1)
@@ -87,7 +96,8 @@ def test_float_result_matches_the_dequantized_weight(bits, group, in_features, r
     got = run(x, panels)
     # The same product from the reference's int8 activations, in float64: only summation order differs.
     a, d, _ = quantize_reference(x, group)
-    x_quantized = (a.double().view(rows, -1, 32) * d.double()[..., None]).view(rows, in_features)
+    block = activation_block(group)
+    x_quantized = (a.double().view(rows, -1, block) * d.double()[..., None]).view(rows, in_features)
     torch.testing.assert_close(got.double(), x_quantized @ w.dequantize().double().t(), rtol=1e-4, atol=1e-4)
     exact = x @ w.dequantize().t()
     assert (got - exact).norm() / exact.norm() < 0.02  # what int8 activations cost
@@ -98,7 +108,8 @@ def test_layers_pick_the_panel_kernel_unless_told_otherwise(monkeypatch):
     assert QuantizedLinear(w).kernel == "w4a8"
     assert QuantizedLinear(random_weight(8, 128, 128)).kernel == "w8a8"
     assert QuantizedLinear(w, kernel="aten").kernel == "int4"
-    assert QuantizedLinear(random_weight(4, 16, 128)).kernel == "dense"  # groups under 32 inputs
+    assert QuantizedLinear(random_weight(6, 16, 128)).kernel == "w8a8"  # Q6_K: 6 bits stored as int8
+    assert QuantizedLinear(random_weight(4, 8, 128)).kernel == "dense"  # groups under 16 inputs
     monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "dense")
     assert QuantizedLinear(w).kernel == "dense"
     monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "vnni")

@@ -30,16 +30,34 @@ class QuantizedWeight:
         zero = self.zero.repeat_interleave(self.group_size, dim=1)
         return (self.q.float() - zero) * scale
 
+    def regrouped(self, bits: int, group_size: int) -> QuantizedWeight:
+        """The same weights stored wider (`bits` >= self.bits: the integers stay) with groups split to
+        `group_size` (a divisor of self's: each scale and zero repeats), bit for bit the same values."""
+        assert bits >= self.bits and self.group_size % group_size == 0, (self.bits, self.group_size, bits)
+        repeat = self.group_size // group_size
+        return QuantizedWeight(
+            self.q,
+            self.scale.repeat_interleave(repeat, dim=1),
+            self.zero.repeat_interleave(repeat, dim=1),
+            bits,
+            group_size,
+        )
+
     @staticmethod
-    def cat(parts: list[QuantizedWeight]) -> QuantizedWeight:
-        """Stack along the output dimension (fused q/k/v or gate/up)."""
-        assert len({(p.bits, p.group_size) for p in parts}) == 1, "fused parts differ in bits or groups"
+    def cat(parts: list[QuantizedWeight]) -> QuantizedWeight | None:
+        """Stack along the output dimension (fused q/k/v or gate/up). Parts of mixed types (a GGUF's
+        Q4_K_M puts a Q6_K v beside Q4_K q and k) share the widest bits and the smallest group; None
+        where the groups do not divide each other."""
+        bits, group_size = max(p.bits for p in parts), min(p.group_size for p in parts)
+        if any(p.group_size % group_size for p in parts):
+            return None
+        parts = [p.regrouped(bits, group_size) for p in parts]
         return QuantizedWeight(
             torch.cat([p.q for p in parts]),
             torch.cat([p.scale for p in parts]),
             torch.cat([p.zero for p in parts]),
-            parts[0].bits,
-            parts[0].group_size,
+            bits,
+            group_size,
         )
 
 

@@ -2,8 +2,8 @@
 // out in panels of 16 output columns so that each panel is streamed once per call for all rows.
 //
 // Activations are quantized on the fly per row and per block of 32 inputs (symmetric: d = max|x| / 127,
-// a = round(x / d)); dot products are integer (u8 or s8 weights x s8 activations into int32), and the
-// scales and zero points are applied in fp32 once per block and per group:
+// a = round(x / d)), or of 16 for weights in groups of 16 (Q6_K's); dot products are integer (u8 or s8
+// weights x s8 activations into int32), and the scales and zero points are applied in fp32 once per block and per group:
 //   y[m, n] = sum_b s[n, g(b)] * d[m, b] * sum_{k in b} q[n, k] a[m, k]  -  sum_g sz[n, g] * xs[m, g]
 // with sz = s * z (the zero point times the scale) and xs[m, g] = sum_{b in g} d[m, b] * sum_{k in b} a[m, k],
 // i.e. sum_k (q_k - z) a_k = sum_k q_k a_k - z sum_k a_k, so the weights need no unpacking to signed.
@@ -34,8 +34,8 @@ namespace llmopt_quant {
 namespace {
 
 constexpr int64_t kCols = 16;   // output columns per panel
-constexpr int64_t kBlock = 32;  // inputs per activation scale
-constexpr int64_t kQuads = kBlock / 4;
+constexpr int64_t kBlock = 32;  // inputs per activation scale; kSmallGroup for weights grouped by 16
+constexpr int64_t kSmallGroup = 16;
 // Rows per tile: 8 rows x 2 accumulators of 16 columns in AVX-512's 32 vector registers (12 rows ran
 // 1.1-1.3x slower at 512 rows here); the AVX2 tile holds 4 rows x 4 accumulators in its 16.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -46,14 +46,15 @@ constexpr int kMaxRows = 4;
 
 struct Activations {
   at::Tensor q;     // [M, K] int8
-  at::Tensor d;     // [M, K / 32] fp32
+  at::Tensor d;     // [M, K / Block] fp32
   at::Tensor sums;  // [M, groups] fp32: xs above
 };
 
 // The reference in tests/engine/test_quantized_matmul.py does the same fp32 operations in the same
 // order (max, divide by 127, divide, round half to even), so the int8 values match bit for bit.
+template <int Block>
 Activations quantize(const at::Tensor& x, int64_t group) {
-  const int64_t M = x.size(0), K = x.size(1), blocks = K / kBlock, groups = K / group;
+  const int64_t M = x.size(0), K = x.size(1), blocks = K / Block, groups = K / group;
   Activations a{at::empty({M, K}, x.options().dtype(at::kChar)), at::empty({M, blocks}, x.options()),
                 at::zeros({M, groups}, x.options())};
   const float* xp = x.data_ptr<float>();
@@ -63,37 +64,40 @@ Activations quantize(const at::Tensor& x, int64_t group) {
   at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t b = 0; b < blocks; ++b) {
-        const float* xb = xp + m * K + b * kBlock;
-        int8_t* qb = qp + m * K + b * kBlock;
+        const float* xb = xp + m * K + b * Block;
+        int8_t* qb = qp + m * K + b * Block;
         float d;
         int32_t sum = 0;
 #if defined(__AVX512F__)
         // The same operations 16 lanes at a time (the scalar loop was 18 % of a 512 x 1536 matmul here):
         // the conversion rounds half to even as nearbyint does in the default rounding mode.
-        const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        const __m512 x0 = _mm512_loadu_ps(xb), x1 = Block == 32 ? _mm512_loadu_ps(xb + 16) : x0;
         d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1))) / 127.f;
         if (d == 0.f) {
-          std::memset(qb, 0, kBlock);
+          std::memset(qb, 0, Block);
         } else {
           const __m512 dv = _mm512_set1_ps(d);
           const __m512i v0 = _mm512_cvtps_epi32(_mm512_div_ps(x0, dv));
-          const __m512i v1 = _mm512_cvtps_epi32(_mm512_div_ps(x1, dv));
           _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm512_cvtepi32_epi8(v0));
-          _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(v1));
-          sum = _mm512_reduce_add_epi32(_mm512_add_epi32(v0, v1));
+          sum = _mm512_reduce_add_epi32(v0);
+          if constexpr (Block == 32) {
+            const __m512i v1 = _mm512_cvtps_epi32(_mm512_div_ps(x1, dv));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 16), _mm512_cvtepi32_epi8(v1));
+            sum += _mm512_reduce_add_epi32(v1);
+          }
         }
 #else
         float amax = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        for (int64_t i = 0; i < Block; ++i) amax = std::max(amax, std::fabs(xb[i]));
         d = amax / 127.f;
-        for (int64_t i = 0; i < kBlock; ++i) {
+        for (int64_t i = 0; i < Block; ++i) {
           const int32_t v = d == 0.f ? 0 : (int32_t)std::nearbyint(xb[i] / d);
           qb[i] = (int8_t)v;
           sum += v;
         }
 #endif
         dp[m * blocks + b] = d;
-        sp[m * groups + b * kBlock / group] += d * (float)sum;
+        sp[m * groups + b * Block / group] += d * (float)sum;
       }
   });
   return a;
@@ -110,10 +114,11 @@ inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i a) {
 
 // A panel's 16 columns in one 512-bit register: the same integer dot products and the same fp32 steps
 // per column as the 256-bit tile below, so the same bits.
-template <bool Four, int R>
+template <bool Four, int R, int Block>
 void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales, const int8_t* a,
                 const float* d, const float* sums, float* out, int64_t ldo) {
-  const int64_t blocks = K / kBlock, groups = K / group, per_group = group / kBlock;
+  constexpr int64_t kQuads = Block / 4;
+  const int64_t blocks = K / Block, groups = K / group, per_group = group / Block;
   const __m512i nibble = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
   __m512 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -167,10 +172,11 @@ inline __m256i dot_u8s8(__m256i acc, __m256i w, __m256i a) {
 #endif
 }
 
-template <bool Four, int R>
+template <bool Four, int R, int Block>
 void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales, const int8_t* a,
                 const float* d, const float* sums, float* out, int64_t ldo) {
-  const int64_t blocks = K / kBlock, groups = K / group, per_group = group / kBlock;
+  constexpr int64_t kQuads = Block / 4;
+  const int64_t blocks = K / Block, groups = K / group, per_group = group / Block;
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   __m256 acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
@@ -223,10 +229,11 @@ void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales,
 }
 #else
 // Scalar: the same integer dot products and the same fp32 steps, one column at a time.
-template <bool Four, int R>
+template <bool Four, int R, int Block>
 void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales, const int8_t* a,
                 const float* d, const float* sums, float* out, int64_t ldo) {
-  const int64_t blocks = K / kBlock, groups = K / group, per_group = group / kBlock;
+  constexpr int64_t kQuads = Block / 4;
+  const int64_t blocks = K / Block, groups = K / group, per_group = group / Block;
   float acc[R][kCols] = {};
   for (int64_t g = 0; g < groups; ++g) {
     const float* sg = scales + g * 2 * kCols;
@@ -251,18 +258,29 @@ void panel_tile(const uint8_t* w, int64_t K, int64_t group, const float* scales,
 
 using TileFn = void (*)(const uint8_t*, int64_t, int64_t, const float*, const int8_t*, const float*,
                         const float*, float*, int64_t);
-template <bool Four, size_t... R>
+template <bool Four, int Block, size_t... R>
 constexpr std::array<TileFn, sizeof...(R)> tiles(std::index_sequence<R...>) {
-  return {(R == 0 ? nullptr : panel_tile<Four, (int)R>)...};
+  return {(R == 0 ? nullptr : panel_tile<Four, (int)R, Block>)...};
 }
-// kTiles[four][rows]: the tile function for that many rows (1 .. kMaxRows).
-constexpr std::array<TileFn, kMaxRows + 1> kTiles[2] = {tiles<false>(std::make_index_sequence<kMaxRows + 1>{}),
-                                                       tiles<true>(std::make_index_sequence<kMaxRows + 1>{})};
+using Rows = std::make_index_sequence<kMaxRows + 1>;
+// kTiles[small groups][four][rows]: the tile function for that many rows (1 .. kMaxRows); groups of 16
+// take activation blocks of 16 (Q6_K's, stored as int8).
+constexpr std::array<TileFn, kMaxRows + 1> kTiles[2][2] = {
+    {tiles<false, kBlock>(Rows{}), tiles<true, kBlock>(Rows{})},
+    {tiles<false, kSmallGroup>(Rows{}), tiles<true, kSmallGroup>(Rows{})}};
+
+// The activation block a weight's group size takes: 32, or 16 for groups of 16.
+int64_t block_for(int64_t group) { return group == kSmallGroup ? kSmallGroup : kBlock; }
+
+Activations quantize_for(const at::Tensor& x, int64_t group) {
+  return group == kSmallGroup ? quantize<kSmallGroup>(x, group) : quantize<kBlock>(x, group);
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: [M, K] fp32");
-  TORCH_CHECK(group % kBlock == 0 && x.size(1) % group == 0, "K a multiple of the group, a multiple of 32");
-  const Activations a = quantize(x.contiguous(), group);
+  TORCH_CHECK((group == kSmallGroup || group % kBlock == 0) && x.size(1) % group == 0,
+              "K a multiple of the group, 16 or a multiple of 32");
+  const Activations a = quantize_for(x.contiguous(), group);
   return {a.q, a.d, a.sums};
 }
 
@@ -279,11 +297,12 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::
   TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.dim() == 4 &&
                   scales.size(0) == panels && scales.size(2) == 2 && scales.size(3) == kCols,
               "scales: [panels, groups, 2, 16] fp32");
-  TORCH_CHECK(groups > 0 && K % groups == 0 && (K / groups) % kBlock == 0, "group size a multiple of 32");
-  const int64_t group = K / groups, N = panels * kCols;
+  TORCH_CHECK(groups > 0 && K % groups == 0 && ((K / groups) % kBlock == 0 || K / groups == kSmallGroup),
+              "group size 16 or a multiple of 32");
+  const int64_t group = K / groups, N = panels * kCols, block = block_for(group);
   auto out = at::empty({M, N}, x.options());
   if (M == 0) return out;
-  const Activations a = quantize(x.contiguous(), group);
+  const Activations a = quantize_for(x.contiguous(), group);
   const uint8_t* wp = reinterpret_cast<const uint8_t*>(w.data_ptr());
   const float* sp = scales.data_ptr<float>();
   const int8_t* ap = a.q.data_ptr<int8_t>();
@@ -297,8 +316,9 @@ at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::
     for (int64_t p = begin; p < end; ++p)
       for (int64_t m = 0; m < M; m += kMaxRows) {
         const int64_t rows = std::min<int64_t>(kMaxRows, M - m);
-        kTiles[four][rows](wp + p * panel_bytes, K, group, sp + p * groups * 2 * kCols, ap + m * K,
-                           dp + m * (K / kBlock), xs + m * groups, op + m * N + p * kCols, N);
+        kTiles[block == kSmallGroup][four][rows](wp + p * panel_bytes, K, group, sp + p * groups * 2 * kCols,
+                                                 ap + m * K, dp + m * (K / block), xs + m * groups,
+                                                 op + m * N + p * kCols, N);
       }
   });
   return out;

@@ -52,8 +52,8 @@ class QuantizedLinear(torch.nn.Module):
         choice = kernel or kernel_choice()
         assert choice in KERNEL_CHOICES, choice
         if choice == "auto" and quantized_panels.fits(weight) and kernels.load():
-            self.kernel = f"w{weight.bits}a8"
             self.panels = quantized_panels.pack(weight)
+            self.kernel = f"w{self.panels.bits}a8"
         elif choice == "dense":
             self.kernel = "dense"
             self.weight_t = weight.dequantize().t().contiguous()

@@ -11,7 +11,8 @@ import torch
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
 
 COLUMNS = 16  # output columns per panel (kCols in quantized_matmul.cpp)
-BLOCK = 32  # inputs per activation scale (kBlock): group sizes must be multiples of it
+BLOCK = 32  # inputs per activation scale (kBlock): group sizes must be multiples of it, or SMALL_GROUP
+SMALL_GROUP = 16  # Q6_K's groups (kSmallGroup): activation blocks of 16 for such a weight
 QUAD = 4  # inputs of one column side by side: one int32 lane of the integer dot product
 INT8_OFFSET = 128  # int8 weights are stored as q - 128 (signed), so the zero-point term shifts by it
 
@@ -43,12 +44,13 @@ class QuantizedPanels:
 
 
 def fits(weight: QuantizedWeight) -> bool:
-    """Whether the kernel takes this weight: 4 or 8 bits, groups of whole activation blocks."""
+    """Whether the kernel takes this weight: 4 bits, or up to 8 stored as int8 (Q6_K's 6); groups of
+    whole activation blocks, or of SMALL_GROUP (then the activations take blocks of 16 too)."""
     out_features, in_features = weight.q.shape
     return (
-        weight.bits in (4, 8)
+        weight.bits in (4, 6, 8)
         and out_features % COLUMNS == 0
-        and weight.group_size % BLOCK == 0
+        and (weight.group_size % BLOCK == 0 or weight.group_size == SMALL_GROUP)
         and in_features % weight.group_size == 0
     )
 
@@ -69,4 +71,5 @@ def pack(weight: QuantizedWeight) -> QuantizedPanels:
         zero = weight.zero - INT8_OFFSET
     scales = torch.stack((weight.scale, weight.scale * zero), dim=-1)  # [out, groups, 2]
     scales = scales.view(panels, COLUMNS, -1, 2).permute(0, 2, 3, 1).contiguous().float()
-    return QuantizedPanels(packed.reshape(panels, -1).contiguous(), scales, weight.bits, in_features)
+    stored_bits = 4 if weight.bits == 4 else 8
+    return QuantizedPanels(packed.reshape(panels, -1).contiguous(), scales, stored_bits, in_features)

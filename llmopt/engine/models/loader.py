@@ -68,9 +68,9 @@ class CheckpointWeights:
         quantized = [take_quantized(self.tensors, prefix + n, qconfig) for n in names] if qconfig else []
         if self.gguf:
             quantized = [self.native.pop(prefix + n, None) for n in names]
-        # GGUF mixes types per layer (Q4_K_M: a Q6_K v beside Q4_K q and k); such a fusion runs dense.
-        if quantized and all(quantized) and len({(q.bits, q.group_size) for q in quantized}) == 1:
-            return QuantizedLinear(QuantizedWeight.cat(quantized), prefix + "+".join(names))
+        fused = QuantizedWeight.cat(quantized) if quantized and all(quantized) else None
+        if fused is not None:
+            return QuantizedLinear(fused, prefix + "+".join(names))
         # A dense layer, or (rarely) a fusion of dense and quantized parts: run it dense.
         parts = [
             q.dequantize().to(self.dtype) if q is not None else self.take(prefix + n + ".weight")

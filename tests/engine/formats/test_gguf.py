@@ -21,6 +21,7 @@ from llmopt.checkpoints import bundled_gguf_path, convert_gguf
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.formats.gguf import NATIVE, hf_name, read_gguf, to_quantized
+from llmopt.engine.formats.quantized_weight import QuantizedWeight
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.models.loader import read_safetensors
@@ -81,6 +82,25 @@ def test_q8_0_q5_0_and_q4_0_are_symmetric_with_the_canonical_zero_points():
     q5 = to_quantized(quantize(weight, T.Q5_0), T.Q5_0, 64)  # widened to int8: the w8a8 kernel runs it
     assert (q5.bits, set(q5.zero.unique().tolist())) == (8, {128.0})
     assert int(q5.q.min()) >= 112 and int(q5.q.max()) <= 143  # 5-bit values, q - 16 around 128
+
+
+@pytest.mark.skipif(not kernels.load(), reason="no C++ compiler: the engine runs PyTorch ops")
+def test_q6_k_and_a_q4_k_m_style_mixed_fusion_run_in_the_panel_kernel():
+    """Q6_K (6 bits, a scale per 16) runs as int8 in groups of 16; a fusion of Q4_K q and k with a Q6_K v
+    (Q4_K_M's layers) takes the common form, 6 bits in groups of 16, with every weight unchanged."""
+    q4_k = to_quantized(synthetic_k_blocks(T.Q4_K, 32, 512), T.Q4_K, 512)
+    q6_k = to_quantized(synthetic_k_blocks(T.Q6_K, 16, 512), T.Q6_K, 512)
+    assert QuantizedLinear(q6_k).kernel == "w8a8"
+    fused = QuantizedWeight.cat([q4_k, q4_k, q6_k])
+    assert (fused.bits, fused.group_size) == (6, 16)
+    assert torch.equal(
+        fused.dequantize(), torch.cat([q4_k.dequantize(), q4_k.dequantize(), q6_k.dequantize()])
+    )
+    layer = QuantizedLinear(fused)
+    assert layer.kernel == "w8a8"
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
+    exact = x @ fused.dequantize().t()
+    assert (layer(x) - exact).norm() / exact.norm() < 0.02  # what int8 activations cost
 
 
 def test_names_map_onto_the_engines():
