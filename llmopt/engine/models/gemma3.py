@@ -8,6 +8,8 @@ the last `sliding_window` positions with their own rotary base, global layers to
 
 Every layer keeps all of a sequence's blocks (one cache shared by all layers); a local layer only reads
 its window, through the prefill and decode kernels' window argument (a narrower mask where SDPA runs).
+A step of decode rows only runs every layer in one compiled call (decode_gemma3_layers in
+kernels/cpu_kernels.cpp: the same kernels in the same order, without Python between them).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache, windowed
-from llmopt.engine.layers.linear import PANEL, matmul, pack_panels
+from llmopt.engine.layers.linear import PANEL, PANEL_KERNEL_MAX_ROWS, kernel_weights, matmul, pack_panels
 from llmopt.engine.layers.norm import rms_norm
+from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
 MODEL_TYPES = ("gemma3_text",)
 LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
@@ -104,7 +107,9 @@ class Gemma3ForCausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Gemma3Layer(config, t) for t in config.layer_types)
         self.norm = torch.nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.lm_head_t = torch.nn.Parameter(torch.empty(hidden, config.vocab_size), requires_grad=False)
-        self.decode_weights = None  # no one-call decode step: decode_layers is Llama's layer
+        # Set by pack_linears where every linear has a compiled kernel: what decode_gemma3_layers takes,
+        # and the most rows it runs (as Llama's decode_layers).
+        self.decode_weights: list[torch.Tensor] | None = None
         self.decode_max_rows = 0
 
     def forward(
@@ -120,6 +125,23 @@ class Gemma3ForCausalLM(torch.nn.Module):
             False: (meta.cos[..., :dim].contiguous(), meta.sin[..., :dim].contiguous()),
             True: (meta.cos[..., dim:].contiguous(), meta.sin[..., dim:].contiguous()),
         }
+        one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
+        if self.decode_weights and one_call:
+            hidden = torch.ops.llmopt.decode_gemma3_layers(
+                hidden,
+                self.decode_weights,
+                self.config.rms_norm_eps,
+                kv_cache,
+                meta.cos,
+                meta.sin,
+                meta.slot_mapping,
+                meta.decode.block_tables,
+                meta.decode.context_lens,
+                self.config.num_attention_heads,
+                [layer.window for layer in self.layers],
+                self.layers[0].scale,
+            )
+            return rms_norm(hidden, self.norm, self.config.rms_norm_eps, meta.use_kernels)
         window = self.config.sliding_window
         local_meta = dataclasses.replace(
             meta, decode=windowed(meta.decode, window), prefill=windowed(meta.prefill, window)
@@ -139,6 +161,31 @@ class Gemma3ForCausalLM(torch.nn.Module):
             for name, param in list(module.named_parameters(recurse=False)):
                 if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
+        per_layer = [
+            (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+            for layer in self.layers
+        ]
+        linears = [[kernel_weights(w) for w in weights] for weights in per_layer]
+        if any(w is None for ws in linears for w in ws):
+            return  # a layer without a compiled kernel: layer by layer
+        quantized = any(isinstance(w, QuantizedLinear) for weights in per_layer for w in weights)
+        self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else PANEL_KERNEL_MAX_ROWS
+        self.decode_weights = [  # the order decode_gemma3_layers reads them in, fourteen a layer
+            t
+            for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
+            for t in (
+                layer.input_norm,
+                *qkv,
+                layer.q_norm,
+                layer.k_norm,
+                *o,
+                layer.post_attention_norm,
+                layer.pre_feedforward_norm,
+                *gate_up,
+                *down,
+                layer.post_feedforward_norm,
+            )
+        ]
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [max_positions, 2 * head_dim]: the global layers' table, then the local layers'

@@ -69,3 +69,21 @@ def test_gemma3_greedy_equals_transformers(tiny_gemma3, kernels, monkeypatch):
     for prompt_ids, out in zip(prompts, outputs):
         assert len(prompt_ids) + MAX_NEW > 2 * WINDOW
         assert out.token_ids == transformers_greedy(reference, prompt_ids)
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_gemma3_decode_steps_in_one_call_equal_the_per_layer_path(tiny_gemma3, kv_cache_dtype):
+    """Decode rows run every layer in one compiled call (decode_gemma3_layers): the same kernels in the
+    same order, so the same tokens and bit-identical log-probabilities, past the window, two rows a step."""
+    folder, _ = tiny_gemma3
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, logprobs=5)
+    runs = []
+    for one_call in (True, False):
+        llm = LLM(str(folder), num_kv_blocks=64, block_size=4, kv_cache_dtype=kv_cache_dtype)
+        model = llm.engine.runner.model
+        assert model.decode_weights, "every layer has a compiled kernel: the one-call path is taken"
+        if not one_call:
+            model.decode_weights = None
+        prompts = [llm.tokenizer.encode(PROMPTS[7]) * 2, llm.tokenizer.encode(PROMPTS[1])]
+        runs.append([(out.token_ids, out.logprobs) for out in llm.generate(prompts, params)])
+    assert runs[0] == runs[1]
