@@ -121,10 +121,6 @@ class Gemma3ForCausalLM(torch.nn.Module):
         # transformers scales in the weights' dtype: sqrt(hidden) rounded to it, then multiplied.
         scale = torch.tensor(self.config.hidden_size**0.5, dtype=self.embed.dtype)
         hidden = F.embedding(input_ids, self.embed) * scale
-        ropes = {
-            False: (meta.cos[..., :dim].contiguous(), meta.sin[..., :dim].contiguous()),
-            True: (meta.cos[..., dim:].contiguous(), meta.sin[..., dim:].contiguous()),
-        }
         one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
         if self.decode_weights and one_call:
             hidden = torch.ops.llmopt.decode_gemma3_layers(
@@ -142,6 +138,10 @@ class Gemma3ForCausalLM(torch.nn.Module):
                 self.layers[0].scale,
             )
             return rms_norm(hidden, self.norm, self.config.rms_norm_eps, meta.use_kernels)
+        ropes = {
+            False: (meta.cos[..., :dim].contiguous(), meta.sin[..., :dim].contiguous()),
+            True: (meta.cos[..., dim:].contiguous(), meta.sin[..., dim:].contiguous()),
+        }
         window = self.config.sliding_window
         local_meta = dataclasses.replace(
             meta, decode=windowed(meta.decode, window), prefill=windowed(meta.prefill, window)
