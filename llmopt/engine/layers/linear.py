@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from llmopt.engine.kernels import cpu_flags
-from llmopt.engine.layers.quantized_linear import QuantizedLinear
+from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
 PANEL = 32  # output columns per panel of a packed dense weight (kPanel in cpu_kernels.cpp)
 NO_SCALES = torch.empty(0)  # the scales slot of a dense weight in decode_layers
@@ -47,3 +47,17 @@ def kernel_weights(weight: torch.Tensor | QuantizedLinear) -> tuple[torch.Tensor
     if isinstance(weight, QuantizedLinear):
         return weight.kernel_weights()
     return (weight, NO_SCALES) if weight.dim() == 3 else None
+
+
+def one_call_linears(
+    per_layer: list[tuple[torch.Tensor | QuantizedLinear, ...]],
+) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], int] | None:
+    """Each layer's linears as a one-call decode step (decode_layers, decode_gemma3_layers) takes them,
+    and the most rows it runs; None where a linear has no compiled kernel (the layers then run one by one)."""
+    linears = [[kernel_weights(w) for w in weights] for weights in per_layer]
+    if any(w is None for weights in linears for w in weights):
+        return None
+    quantized = any(isinstance(w, QuantizedLinear) for weights in per_layer for w in weights)
+    # fp32: one call only while the panel kernel is the faster (PANEL_KERNEL_MAX_ROWS); ATen's quantized
+    # kernels dequantize from DEQUANTIZE_FROM_ROWS rows, in Python.
+    return linears, DEQUANTIZE_FROM_ROWS - 1 if quantized else PANEL_KERNEL_MAX_ROWS

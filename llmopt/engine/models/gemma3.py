@@ -21,9 +21,8 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache, windowed
-from llmopt.engine.layers.linear import PANEL, PANEL_KERNEL_MAX_ROWS, kernel_weights, matmul, pack_panels
+from llmopt.engine.layers.linear import PANEL, matmul, one_call_linears, pack_panels
 from llmopt.engine.layers.norm import rms_norm
-from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
 MODEL_TYPES = ("gemma3_text",)
 LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
@@ -161,15 +160,15 @@ class Gemma3ForCausalLM(torch.nn.Module):
             for name, param in list(module.named_parameters(recurse=False)):
                 if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
-        per_layer = [
-            (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
-            for layer in self.layers
-        ]
-        linears = [[kernel_weights(w) for w in weights] for weights in per_layer]
-        if any(w is None for ws in linears for w in ws):
+        compiled = one_call_linears(
+            [
+                (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
+                for layer in self.layers
+            ]
+        )
+        if compiled is None:
             return  # a layer without a compiled kernel: layer by layer
-        quantized = any(isinstance(w, QuantizedLinear) for weights in per_layer for w in weights)
-        self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else PANEL_KERNEL_MAX_ROWS
+        linears, self.decode_max_rows = compiled
         self.decode_weights = [  # the order decode_gemma3_layers reads them in, fourteen a layer
             t
             for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)

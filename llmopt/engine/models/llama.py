@@ -15,10 +15,10 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache
-from llmopt.engine.layers.linear import PANEL, PANEL_KERNEL_MAX_ROWS, kernel_weights, matmul, pack_panels
+from llmopt.engine.layers.linear import PANEL, matmul, one_call_linears, pack_panels
 from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
-from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
+from llmopt.engine.layers.quantized_linear import QuantizedLinear
 
 log = logging.getLogger(__name__)
 LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
@@ -138,14 +138,10 @@ class LlamaForCausalLM(torch.nn.Module):
                     setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
         if not self.fused_decode:
             return
-        linears = [[kernel_weights(w) for w in layer_linears(layer)] for layer in self.layers]
         plain = all(layer.qkv_bias is None and layer.q_norm is None for layer in self.layers)
-        if plain and all(w is not None for ws in linears for w in ws):
-            quantized = any(
-                isinstance(w, QuantizedLinear) for layer in self.layers for w in layer_linears(layer)
-            )
-            # fp32: one call only while the panel kernel is the faster (PANEL_KERNEL_MAX_ROWS)
-            self.decode_max_rows = DEQUANTIZE_FROM_ROWS - 1 if quantized else PANEL_KERNEL_MAX_ROWS
+        compiled = one_call_linears([layer_linears(layer) for layer in self.layers]) if plain else None
+        if compiled is not None:
+            linears, self.decode_max_rows = compiled
             self.decode_weights = [  # the order decode_layers reads them in, ten a layer
                 t
                 for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
