@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: install
-	$(BIN)/llmopt serve --dtype auto
+	$(BIN)/llmopt serve
 
 demo: install
 	$(BIN)/llmopt generate "Write a haiku about a fast CPU." --chat --max-tokens 48

@@ -1,11 +1,13 @@
 """Model sources: a local Hugging Face folder, a .gguf file, or the bundled default model.
 
-A GGUF file is converted once into a safetensors folder under the cache directory, so that every later
-start loads plain safetensors in about a second.
+A GGUF file is converted once into a safetensors folder under the cache directory (config, tokenizer and
+an fp32 copy of the weights), named by the file's content hash: one folder per model, wherever its file
+lies.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -26,6 +28,19 @@ class ModelError(Exception):
 
 def cache_dir() -> Path:
     return Path(os.environ.get("LLMOPT_CACHE", Path.home() / ".cache" / "llmopt")) / "models"
+
+
+@functools.cache
+def _content_digest(path: Path, size: int, mtime_ns: int) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's content (0.07 s for the bundled 98 MB GGUF here), computed once per process
+    for a path, size and modification time."""
+    stat = path.stat()
+    return _content_digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
 def bundled_gguf_path() -> Path:
@@ -109,9 +124,7 @@ def check_architecture(config_file: Path) -> None:
 
 def convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF file into an fp32 safetensors folder in the cache (once; atomic)."""
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / f"{gguf.stem}-{key}"
+    target = cache_dir() / f"{gguf.stem}-{file_digest(gguf)[:16]}"
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +309,21 @@ def gemma3_tokenizer(reader, fields: dict):
     return fast
 
 
+# tokenizer_config.json names of the one class that only wraps tokenizer.json: AutoTokenizer would resolve
+# these to it too, after importing its whole model registry (2.5 s of a 0.3 s load here).
+PLAIN_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def load_tokenizer(model_dir: Path):
+    config_file = Path(model_dir) / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if (
+        config.get("tokenizer_class") in PLAIN_TOKENIZER_CLASSES
+        and (Path(model_dir) / "tokenizer.json").is_file()
+    ):
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(model_dir)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model_dir)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import ModelArg, fail
+from llmopt.cli.options import DTYPE_HELP, ModelArg, fail
 
 
 def evaluate(
@@ -19,9 +19,7 @@ def evaluate(
     seq_len: Annotated[int, typer.Option(help="tokens per window")] = 512,
     windows: Annotated[int, typer.Option(help="how many windows to score")] = 8,
     backend: Annotated[str, typer.Option(help="engine (our forward) or transformers")] = "engine",
-    dtype: Annotated[str, typer.Option(help="engine: float32, bfloat16 or auto (a .gguf's own types)")] = (
-        "float32"
-    ),
+    dtype: Annotated[str, typer.Option(help="engine: " + DTYPE_HELP)] = "auto",
     lm_head_dtype: Annotated[str, typer.Option(help="engine: auto, float32 or int8 (per row)")] = "auto",
     json_output: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import SPEC_HELP, console, fail
+from llmopt.cli.options import DTYPE_HELP, SPEC_HELP, console, fail
 
 
 def generate(
@@ -20,9 +20,7 @@ def generate(
     top_k: int = 0,
     seed: int | None = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = False,
-    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16 or auto (a .gguf's own types)")] = (
-        "float32"
-    ),
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
     lm_head_dtype: Annotated[str, typer.Option(help="auto, float32 or int8 (per row)")] = "auto",
     speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
 ) -> None:
@@ -39,6 +37,7 @@ def generate(
         llm = LLM(model, dtype=dtype, lm_head_dtype=lm_head_dtype, speculative_config=speculative_config)
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
+    console.print(f"[dim]{llm.engine.runner.startup_line}[/dim]")
     request = llm.chat_prompt(prompt) if chat else prompt
     start = time.perf_counter()
     try:

@@ -20,6 +20,12 @@ SPEC_HELP = (
     'or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\''
 )
 
+DTYPE_HELP = (
+    "auto (default): each checkpoint in its own format on this CPU's fastest exact kernel (a .gguf's "
+    "quantized blocks, compressed-tensors int4/int8, bf16 where the CPU has bf16 matmuls, else fp32; the "
+    "start-up line says what runs); float32: the exact reference; bfloat16, float16"
+)
+
 
 def fail(message: str, code: int = 1) -> typer.Exit:
     """Print one error line; the caller raises the returned Exit (exit code 1, or `code`: 2 for a usage

@@ -6,11 +6,10 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import SPEC_HELP, ModelArg, fail
+from llmopt.cli.options import DTYPE_HELP, SPEC_HELP, ModelArg, fail
 from llmopt.engine.config import KV_CACHE_DTYPES
 
 SHARING_HELP = "a request waits for prefix blocks another is computing instead of computing them too"
-DTYPE_HELP = "float32, bfloat16, float16, or auto: a .gguf's quantized tensors as the file stores them"
 LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized per row at load"
 
 
@@ -38,7 +37,7 @@ def serve(
     enable_prefix_caching: bool = True,
     inflight_prefix_sharing: Annotated[bool, typer.Option(help=SHARING_HELP)] = True,
     max_model_len: int | None = None,
-    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "float32",
+    dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
     lm_head_dtype: Annotated[str, typer.Option(help=LM_HEAD_HELP)] = "auto",
     max_queue_len: Annotated[int, typer.Option(help="waiting requests beyond this get HTTP 429")] = 256,
     max_request_bytes: Annotated[int, typer.Option(help="request bodies beyond this get HTTP 413")] = 4

@@ -3,6 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KV_CACHE_DTYPES = ("auto", "int8")  # --kv-cache-dtype: "auto" = the model's dtype
+# --dtype: "auto" is each checkpoint in its own format on this CPU's fastest exact kernel (precision.py)
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -10,8 +12,9 @@ class EngineConfig:
     """Settings of one engine instance; names follow vLLM's where vLLM has the same knob."""
 
     model: str | None = None  # a HF folder, a .gguf file or the default alias; None = the default model
-    dtype: str = "float32"  # fp32 is fastest on CPUs without native bf16
-    # "auto": a GGUF's quantized tensors as the file holds them (fp32 activations); else as float32
+    # "auto": a GGUF's or compressed-tensors checkpoint's quantized weights as stored (fp32 activations),
+    # a bf16/fp16 one as bf16 where the CPU has bf16 matmuls, else fp32; "float32" is the exact reference.
+    dtype: str = "auto"
     lm_head_dtype: str = "auto"  # "float32" or "int8" (per output row); "auto": layers/lm_head.py
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
@@ -38,8 +41,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be at least 1")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, not {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, not {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be auto or int8, not {self.kv_cache_dtype!r}")
         if self.lm_head_dtype not in ("auto", "float32", "int8"):

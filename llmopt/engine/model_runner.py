@@ -5,13 +5,13 @@ from pathlib import Path
 
 import torch
 
-from llmopt.checkpoints import gguf_file
 from llmopt.engine import kernels
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
 from llmopt.engine.models.loader import load_model
+from llmopt.engine.precision import resolve_precision, startup_line
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
 from llmopt.engine.sequence import Sequence
@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 # Sequences with at most this many new tokens attend one query row at a time (the decode kernel reads
 # the context once per row); longer chunks attend as a padded prefill group.
 MAX_DECODE_QUERIES = 8
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPES["auto"] = torch.float32  # "auto" is about a GGUF's weights; activations and the KV cache stay fp32
 
 
 class ModelRunner:
@@ -30,10 +28,10 @@ class ModelRunner:
     logits rows the engine samples from (sampling lives in sampler.py)."""
 
     def __init__(self, config: EngineConfig, model_dir: Path, max_model_len: int):
-        self.dtype = DTYPES[config.dtype]
+        self.precision = resolve_precision(config.dtype, config.model, model_dir)
+        self.dtype = self.precision.compute
         self.block_size = config.block_size
-        gguf = gguf_file(config.model) if config.dtype == "auto" else None  # weights at the file's precision
-        self.model = load_model(model_dir, self.dtype, gguf, config.lm_head_dtype)
+        self.model = load_model(model_dir, self.dtype, self.precision.gguf, config.lm_head_dtype)
         model_config = self.model.config
         self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
         num_layers = model_config.num_hidden_layers
@@ -62,6 +60,7 @@ class ModelRunner:
             self.kv_cache.numel() * kv_dtype.itemsize / 2**20,
             kv_dtype,
         )
+        self.startup_line = startup_line(self.precision, self.model, kv_dtype, self.use_kernels)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:

@@ -15,10 +15,15 @@ LLAMA_CPP_CONVERTER = (
 )
 
 
+def converted_for_vllm(model: str | None) -> bool:
+    """Whether vLLM is handed llmopt's fp32 conversion of a GGUF (the default models, a .gguf path)."""
+    return model is None or model in (DEFAULT_MODEL, GEMMA3_MODEL) or model.endswith(".gguf")
+
+
 def vllm_model(model: str | None) -> str:
     """The default model and a GGUF as llmopt's converted fp32 folder; a folder as it is; anything else
     (a Hugging Face id) goes to vLLM unchanged."""
-    if model is None or model in (DEFAULT_MODEL, GEMMA3_MODEL) or model.endswith(".gguf"):
+    if converted_for_vllm(model):
         return str(resolve_model(model))  # vLLM's own GGUF loading is experimental: give it safetensors
     path = Path(model).expanduser()
     return str(path.resolve()) if path.exists() else model

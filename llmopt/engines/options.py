@@ -24,7 +24,7 @@ class ServeOptions:
     kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
     max_model_len: int | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # each checkpoint in its own format (llmopt/engine/precision.py)
     max_queue_len: int = 256
     max_request_bytes: int = 4 * 2**20
     limit_concurrency: int = 1024

@@ -9,7 +9,7 @@ import os
 from llmopt.checkpoints import DEFAULT_MODEL
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
-from llmopt.engines.handoff import vllm_model
+from llmopt.engines.handoff import converted_for_vllm, vllm_model
 from llmopt.engines.options import ServeOptions, refuse_unmapped
 
 ENGINE = "vllm"
@@ -21,7 +21,6 @@ FLAGS = {
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "max_model_len": "--max-model-len",
-    "dtype": "--dtype",
     "num_kv_blocks": "--num-gpu-blocks-override",
 }
 # option -> vLLM flag, given only when set away from llmopt's default: vLLM-CPU picks the block size its
@@ -34,6 +33,7 @@ CHANGED_ONLY = {
 }
 # Translated below rather than by the tables.
 SPECIAL = {
+    "dtype",
     "served_model_name",
     "api_key",
     "enable_prefix_caching",
@@ -48,7 +48,7 @@ SPEC_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lo
 
 def vllm_command(options: ServeOptions, python: str) -> EngineCommand:
     refuse_unmapped(options, ENGINE, set(FLAGS) | set(CHANGED_ONLY) | SPECIAL)
-    argv = [python, "-m", MODULE, "--model", vllm_model(options.model)]
+    argv = [python, "-m", MODULE, "--model", vllm_model(options.model), "--dtype", vllm_dtype(options)]
     name = options.served_model_name or options.model or DEFAULT_MODEL
     argv += ["--served-model-name", name]
     for option, vllm_flag in FLAGS.items():
@@ -69,6 +69,13 @@ def vllm_command(options: ServeOptions, python: str) -> EngineCommand:
     if options.api_key:
         env[API_KEY_ENV] = options.api_key
     return EngineCommand(ENGINE, argv, env, {API_KEY_ENV})
+
+
+def vllm_dtype(options: ServeOptions) -> str:
+    """llmopt's `auto` is the checkpoint's own format. A GGUF reaches vLLM as llmopt's fp32 conversion,
+    whose own format is float32; vLLM's `auto` would run an fp32 folder in half precision instead. Any
+    other checkpoint keeps vLLM's `auto`, its dtype as stored."""
+    return "float32" if options.dtype == "auto" and converted_for_vllm(options.model) else options.dtype
 
 
 def kv_space(gb: float) -> str:

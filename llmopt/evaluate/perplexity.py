@@ -42,7 +42,7 @@ def engine_scorer(
     model_dir: Path,
     seq_len: int,
     model: str | None = None,
-    dtype: str = "float32",
+    dtype: str = "auto",
     lm_head_dtype: str = "auto",
 ):
     """Our engine's logits for a text; `model` names the GGUF file that dtype "auto" reads natively."""
@@ -74,7 +74,7 @@ def perplexity(
     seq_len: int = 512,
     num_windows: int = 8,
     backend: str = "engine",
-    dtype: str = "float32",
+    dtype: str = "auto",
     lm_head_dtype: str = "auto",
 ) -> EvalResult:
     """Perplexity of `model` on the evaluation half of `data` (default: the built-in corpus)."""

@@ -155,7 +155,15 @@ class Routes:
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)
 
     def chat_prompt(self, messages: list[ChatMessage], tools: ToolChoice | None) -> list[int]:
-        native = template_handles_tools(getattr(self.engine.tokenizer, "chat_template", None))
+        chat_template = getattr(self.engine.tokenizer, "chat_template", None)
+        if not chat_template:  # a base model: transformers' own message points at its docs instead
+            raise APIError(
+                400,
+                f"the model '{self.settings.served_model_name}' has no chat template (it is a base "
+                "model), so it cannot take messages: send a prompt to /v1/completions instead",
+                param="messages",
+            )
+        native = template_handles_tools(chat_template)
         conversation = chat_messages(messages, tools, native)
         template_tools = tools.template_tools() if native and tools is not None else None
         try:

@@ -78,6 +78,7 @@ def serve(config: EngineConfig, settings: ServerSettings, listener: Listener) ->
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     engine = load_engine(config)
+    print(engine.runner.startup_line, flush=True)
     app = create_app(engine, settings)
     uvicorn_config = uvicorn.Config(
         app,

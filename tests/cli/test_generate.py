@@ -12,6 +12,7 @@ def test_generate_prints_the_answer_and_speed(model_dir):
     assert result.returncode == 0, result.stderr
     assert "Paris" in result.stdout
     assert "tok/s" in result.stderr
+    assert "--dtype auto: weights 4-bit g32" in result.stderr  # the default: the GGUF's own blocks
 
 
 @pytest.mark.slow

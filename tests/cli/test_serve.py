@@ -3,6 +3,10 @@ config the flags make, without loading a model."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.conftest import llmopt
@@ -16,6 +20,14 @@ def test_dry_run_shows_the_budget_and_the_sharing_switch():
     default = llmopt("serve", "--dry-run")
     assert default.returncode == 0, default.stderr
     assert "max_num_batched_tokens=512" in default.stdout and "inflight_prefix_sharing=True" in default.stdout
+    assert "dtype='auto'" in default.stdout  # each checkpoint in its own format, as vLLM's default
+    wide = {**os.environ, "COLUMNS": "400"}  # one option a line, so the help reads as one string
+    help_text = subprocess.run(
+        [sys.executable, "-m", "llmopt.cli", "serve", "--help"], capture_output=True, text=True, env=wide
+    ).stdout
+    [dtype_row] = [line for line in help_text.splitlines() if "--dtype " in line and "kv-cache" not in line]
+    assert "auto (default)" in dtype_row and "float32: the exact reference" in dtype_row
+    assert "[default: auto]" in dtype_row
 
 
 @pytest.mark.slow  # CLI processes, seconds

@@ -129,7 +129,7 @@ def test_decode_layers_on_an_int8_cache_equal_the_per_layer_path(model_dir):
     """decode_layers takes the int8 cache's write and attention: the same logits as layer by layer."""
     from llmopt.engine.model_runner import MAX_DECODE_QUERIES, ModelRunner
 
-    config = EngineConfig(num_kv_blocks=4, kv_cache_dtype="int8")
+    config = EngineConfig(str(model_dir), num_kv_blocks=4, kv_cache_dtype="int8")
     runner = ModelRunner(config, model_dir, max_model_len=64)
     model = runner.model
     assert model.decode_weights and runner.kv_cache.dtype == torch.int8

@@ -242,7 +242,8 @@ def test_rope_and_cache_matches_the_pytorch_path():
 def test_decode_layers_equal_the_per_layer_path(checkpoint, request):
     """The one-call path for decode rows runs the same kernels in the same order: identical logits, for
     fp32 weights and for int8 / int4 ones."""
-    runner = ModelRunner(EngineConfig(num_kv_blocks=4), request.getfixturevalue(checkpoint), max_model_len=64)
+    folder = request.getfixturevalue(checkpoint)
+    runner = ModelRunner(EngineConfig(str(folder), num_kv_blocks=4), folder, max_model_len=64)
     model = runner.model
     assert model.decode_weights, "every layer has a compiled kernel: the one-call path is taken"
     token_ids = list(range(100, 100 + MAX_DECODE_QUERIES))  # short enough to be decode rows

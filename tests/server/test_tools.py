@@ -6,13 +6,17 @@ bad tools field a 400 naming it."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
+from llmopt.server.errors import APIError
 from llmopt.server.protocol import ChatCompletionRequest
+from llmopt.server.routes import Routes
+from llmopt.server.settings import ServerSettings
 from llmopt.server.tools import ToolChoice, template_handles_tools, template_messages
 from tests.conftest import API_KEY
 
@@ -263,3 +267,13 @@ def test_a_template_that_renders_tools_gets_them_and_the_calls_as_objects(model_
     assert [json.loads(line) for line in text.splitlines()[1:3]] == TOOLS
     assert '<tool_call>{"name": "get_time", "arguments": {"timezone": "UTC"}}</tool_call>' in text
     assert "<|im_start|>tool\nnoon<|im_end|>" in text and "# Tools" not in text  # no prompt of our own
+
+
+def test_a_model_without_a_chat_template_answers_chat_with_a_400_pointing_at_completions():
+    base_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
+    routes = Routes(base_model, None, None, ServerSettings("base"), None)
+    req = ChatCompletionRequest(messages=ASK)
+    with pytest.raises(APIError) as error:
+        routes.chat_prompt(req.messages, None)
+    assert error.value.status == 400 and error.value.param == "messages"
+    assert "'base' has no chat template" in error.value.message and "/v1/completions" in error.value.message

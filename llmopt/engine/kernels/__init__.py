@@ -90,3 +90,16 @@ def ninja_on_path(ninja_dir: str) -> Iterator[None]:
         yield
     finally:
         os.environ["PATH"] = before
+
+
+def vector_isa(flags: set[str] | None = None) -> str:
+    """The widest vector instructions the kernels' -march=native build uses on this CPU (the #if
+    branches of quantized_matmul.cpp and vector_math.h), for the start-up line."""
+    flags = cpu_flags() if flags is None else flags
+    if {"avx512_vnni", "avx512bw"} <= flags:
+        return "AVX-512 VNNI"
+    if "avx512f" in flags:
+        return "AVX-512"
+    if {"avx2", "fma"} <= flags:
+        return "AVX2 + AVX-VNNI" if "avx_vnni" in flags else "AVX2"
+    return "scalar"

@@ -47,7 +47,7 @@ class QuantizedLinear(torch.nn.Module):
         super().__init__()
         out_features, in_features = weight.q.shape
         self.out_features, self.in_features = out_features, in_features
-        self.group_size = weight.group_size
+        self.bits, self.group_size = weight.bits, weight.group_size
         symmetric = bool((weight.zero == 2 ** (weight.bits - 1)).all())
         choice = kernel or kernel_choice()
         assert choice in KERNEL_CHOICES, choice

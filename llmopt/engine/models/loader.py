@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoConfig
 
 from llmopt.engine.formats import QuantizedWeight, checkpoint_quantization, take_quantized
-from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES, read_gguf
+from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES
+from llmopt.engine.formats.gguf_cache import read_gguf_cached
 from llmopt.engine.layers.lm_head import output_layer
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.models.gemma3 import MODEL_TYPES as GEMMA3_TYPES
@@ -48,7 +49,7 @@ class CheckpointWeights:
         else:
             config = AutoConfig.from_pretrained(model_dir)
             heads = config.num_attention_heads, config.num_key_value_heads
-            self.tensors, self.native = read_gguf(gguf, *heads)
+            self.tensors, self.native = read_gguf_cached(gguf, *heads)
             self.qconfig = None
         self.gguf = gguf
         self.dtype = dtype
@@ -126,9 +127,7 @@ def load_model(
     """The model of `model_dir`; with `gguf`, its weights read from that file at the file's own
     precision (config and tokenizer still come from `model_dir`, the file's converted folder)."""
     config = AutoConfig.from_pretrained(model_dir)
-    if gguf and config.model_type not in NATIVE_MODEL_TYPES:
-        log.warning("%s: GGUF weights of %s models run dequantized (fp32)", gguf.name, config.model_type)
-        gguf = None
+    assert gguf is None or config.model_type in NATIVE_MODEL_TYPES, "precision.py reads only these natively"
     weights = CheckpointWeights(model_dir, dtype, gguf)
     if config.model_type in GEMMA3_TYPES:
         return load_gemma3(config, weights, lm_head_dtype)

@@ -41,5 +41,5 @@ def test_engine_config_names_a_bad_dtype():
     assert EngineConfig(dtype="auto", lm_head_dtype="int8").lm_head_dtype == "int8"
     with pytest.raises(ValueError, match="lm_head_dtype must be auto, float32 or int8, not 'int4'"):
         EngineConfig(lm_head_dtype="int4")
-    with pytest.raises(ValueError, match="dtype must be auto, float32"):
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32"):
         EngineConfig(dtype="int4")
