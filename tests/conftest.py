@@ -142,8 +142,15 @@ class LiveServer(LocalServer):
 
 @pytest.fixture(scope="session")
 def server(model_dir) -> Iterator[LiveServer]:
-    """The main server: an API key and a small KV pool (48 blocks of 16 tokens)."""
-    with LiveServer("--api-key", API_KEY, "--num-kv-blocks", "48", "--max-num-seqs", "32") as s:
+    """The main server: an API key and a small KV pool (48 blocks of 16 tokens), in float32, the exact
+    reference: these tests check that streaming, preemption, the prefix cache and logprobs change no
+    answer. Under the default `--dtype auto` activations are rounded to int8 per row, so a prompt's tail
+    computed after a prefix-cache hit (the decode attention kernel) and in a full prefill (the prefill
+    kernel, another summation order) can differ by ~0.03 in a logprob (measured on this test's chat
+    request), enough to change a greedy token; tests/engine/test_precision.py and the GGUF tests check
+    auto's outputs against their references."""
+    args = ("--api-key", API_KEY, "--num-kv-blocks", "48", "--max-num-seqs", "32", "--dtype", "float32")
+    with LiveServer(*args) as s:
         yield s
 
 

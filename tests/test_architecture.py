@@ -66,6 +66,69 @@ def imported_modules(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
     return found
 
 
+def type_checking_lines(tree: ast.Module) -> set[int]:
+    """The lines of imports under `if TYPE_CHECKING:`: names for type hints, never run."""
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            lines |= {n.lineno for stmt in node.body for n in ast.walk(stmt) if hasattr(n, "lineno")}
+    return lines
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """module -> the llmopt modules it imports (lazy ones too; `from pkg import mod` is an arrow to
+    pkg.mod, not to pkg; imports under `if TYPE_CHECKING:` are no arrows)."""
+    modules = {module_name(path, root): path for path in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        type_only = type_checking_lines(tree)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) in type_only:
+                continue
+            if isinstance(node, ast.Import):
+                graph[name] |= {a.name for a in node.names if a.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parent + ([base] if base else []))
+                submodules = {f"{base}.{a.name}" for a in node.names} & modules.keys()
+                graph[name] |= submodules or ({base} & modules.keys())
+        graph[name].discard(name)
+    return graph
+
+
+def import_circles(root: Path = PACKAGE) -> list[list[str]]:
+    """Every set of modules that import each other round a circle (Tarjan's strongly connected parts)."""
+    graph, index, low, stack, on_stack, circles = import_graph(root), {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            part = []
+            while (top := stack.pop()) != node:
+                on_stack.discard(top)
+                part.append(top)
+            on_stack.discard(node)
+            if part:
+                circles.append(sorted([node, *part]))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(circles)
+
+
 def back_imports(root: Path = PACKAGE) -> list[str]:
     wrong = []
     for path in sorted(root.rglob("*.py")):
@@ -112,6 +175,22 @@ def test_a_back_import_is_caught(tmp_path):
         "llmopt/bench/sweep.py:1: bench imports llmopt.engine",
         "llmopt/engine/runner.py:2: engine imports llmopt.server.app",
     ]
+
+
+def test_no_modules_import_each_other_round_a_circle():
+    assert import_circles() == []
+
+
+def test_an_import_circle_is_caught_a_type_hint_is_not(tmp_path):
+    fake = tmp_path / "llmopt"
+    (fake / "bench").mkdir(parents=True)
+    (fake / "bench" / "__init__.py").write_text("")
+    (fake / "bench" / "runner.py").write_text("def f():\n    from llmopt.bench.workers import run\n")
+    (fake / "bench" / "workers.py").write_text("from llmopt.bench import runner\n")
+    (fake / "bench" / "config.py").write_text("from llmopt.bench.workload import WORKLOADS\n")
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from llmopt.bench.config import C\n"
+    (fake / "bench" / "workload.py").write_text(typed)
+    assert import_circles(fake) == [["llmopt.bench.runner", "llmopt.bench.workers"]]
 
 
 def test_no_function_needs_a_scroll_bar():

@@ -7,6 +7,7 @@ returns a record: a malformed, truncated or stalled response fails that one requ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -21,6 +22,11 @@ from llmopt.bench.token_count import TokenCounter, output_body, prompt_body
 # client's memory. aiohttp's own readline stops at 128 KiB, which a long chunk of text can pass.
 MAX_LINE_BYTES = 16 * 2**20
 ERROR_BODY_BYTES = 64 * 2**10  # of a non-200 answer, enough for its message
+# What aiohttp raises when it sends on a pooled connection the server has already closed (llama.cpp's
+# server closes idle kept-alive ones): "Can not write request body" (ClientOSError) or the connection
+# lost before the response's status line (ServerDisconnectedError). Raised before any response byte, so
+# the request never ran: it is sent once more on a fresh connection, as the openai SDK retries it.
+NEVER_ANSWERED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @dataclass
@@ -54,6 +60,8 @@ class RequestRecord:
     success: bool = False
     session: int | None = None  # multi-turn workloads: the session's number in its point
     turn: int | None = None  # ... and the turn's index in its session (0 first)
+    # Sends that failed before any response byte and were made again on a fresh connection (0 or 1).
+    reconnects: int = 0
     # The answer's text: the next turn of a session sends it back. Not written to requests.jsonl.
     text: str | None = None
 
@@ -220,8 +228,9 @@ async def send(
     """Send one streamed request and time it. Never raises: the record says what went wrong.
     `count_tokens(text)` counts output tokens when the server gives no usage.
 
-    A failed request is never sent again: a POST that may have reached the server may have been served
-    (and counted there), so a re-send would measure two requests as one."""
+    A request that failed after any byte of its response arrived is never sent again: it was served (and
+    counted there), so a re-send would measure two requests as one. One that failed before (NEVER_ANSWERED)
+    is sent once more on a fresh connection, timed from that send, and counted in `reconnects`."""
     record = RequestRecord(index=index, prompt_tokens=req.prompt_tokens)
     try:
         await _exchange(session, target, req, record, t0, count_tokens)
@@ -253,9 +262,19 @@ async def _exchange(
     payload = target.payload(req)
     # Serialized before the clock starts: building the body is the client's work, not the server's time.
     body, headers = json.dumps(payload).encode(), target.headers()
-    sent = time.perf_counter()
-    record.start = sent - t0
-    async with session.post(target.url, data=body, headers=headers) as resp:
+    async with contextlib.AsyncExitStack() as stack:
+        sent = time.perf_counter()
+        try:
+            resp = await session.post(target.url, data=body, headers=headers)
+        except NEVER_ANSWERED as exc:
+            if isinstance(exc, aiohttp.ClientConnectorError):  # no connection at all: not a stale one
+                raise
+            fresh = await stack.enter_async_context(fresh_session(session))
+            record.reconnects += 1
+            sent = time.perf_counter()
+            resp = await fresh.post(target.url, data=body, headers=headers)
+        record.start = sent - t0
+        await stack.enter_async_context(resp)
         record.status = resp.status
         if resp.status != 200:
             body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
@@ -272,6 +291,12 @@ async def _exchange(
         raise ResponseError("no content received")
     await fill_counts(session, payload, usage, record, count_tokens, len(text_parts))
     record.success = True
+
+
+def fresh_session(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
+    """A session of one new connection, with `session`'s timeouts: the pool may hold more connections
+    the server has closed, and a re-send must not meet another."""
+    return aiohttp.ClientSession(timeout=session.timeout, connector=aiohttp.TCPConnector(force_close=True))
 
 
 async def fill_counts(

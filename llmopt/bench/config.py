@@ -9,12 +9,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.launcher import llmopt_serve_command, llmopt_serve_env
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.bench.rundir import check_server_name
-from llmopt.bench.runner import LoadPoint
 from llmopt.bench.search import GoodputSearch
 from llmopt.bench.trace import MOONCAKE_BLOCK_SIZE, read_trace, send_times
 from llmopt.bench.workload import SESSION_WORKLOADS, WORKLOADS
@@ -22,10 +23,6 @@ from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
 from llmopt.engines.options import ServeOptions
 from llmopt.engines.serve import engine_command
-
-
-class BenchError(Exception):
-    """A bench setting that cannot run; the message says what to fix."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from llmopt.bench.runner import LoadPoint
+from llmopt.bench.load_point import LoadPoint
 
 # {recipe key: BenchConfig field} of the settings a habit may change.
 SETTINGS = {

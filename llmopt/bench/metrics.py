@@ -82,6 +82,8 @@ def summarize(
         "requests": len(records),
         "successful": len(ok),
         "failed": len(records) - len(ok),
+        # Requests sent again on a fresh connection after the server had closed the pooled one (client.py)
+        "reconnects": sum(r.reconnects for r in records),
         "duration_s": wall_s,
         "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
         "output_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,

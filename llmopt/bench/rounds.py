@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.runner import PointResult
+from llmopt.bench.load_point import PointResult
 from llmopt.bench.self_check import ClientLoad
 from llmopt.bench.server_metrics import ServerSample
 from llmopt.bench.server_stats import SPEC_COUNTERS, spec_delta

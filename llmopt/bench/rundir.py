@@ -47,6 +47,7 @@ CSV_FIELDS = [
     "requests",
     "successful",
     "failed",
+    "reconnects",
     "duration_s",
     "request_throughput",
     "output_throughput",

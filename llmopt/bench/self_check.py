@@ -20,12 +20,8 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from llmopt.bench.metrics import distribution
-
-if TYPE_CHECKING:  # runner.py imports this module
-    from llmopt.bench.runner import PointResult
 
 LAG_INTERVAL_S = 0.010
 LAG_P99_LIMIT_MS = 10.0
@@ -106,9 +102,3 @@ def client_summary(loads: list[ClientLoad], workers: int = 1) -> dict:
         "limited": bool(reasons),
         "limited_by": reasons,
     }
-
-
-def client_fields(results: list[PointResult]) -> dict:
-    """A point summary's `client` block and `client_limited` flag, over the runs of the point."""
-    block = client_summary([load for r in results for load in r.client], max(r.workers for r in results))
-    return {"client": block, "client_limited": block["limited"]}

@@ -14,20 +14,11 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO
 
-from llmopt.bench.client import BenchRequest, RequestRecord, Target, send
+from llmopt.bench.client import RequestRecord, Target, send
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.runner import (
-    Collector,
-    LoadPoint,
-    PointResult,
-    client_session,
-    open_loop,
-    warm_list,
-    warm_up,
-)
-from llmopt.bench.self_check import SelfCheck
+from llmopt.bench.load_point import Collector, LoadPoint
+from llmopt.bench.loops import open_loop
 
 
 @dataclass
@@ -63,39 +54,6 @@ class Sessions:
 
     def ended(self) -> bool:
         return bool(self.collect.stop) or bool(self.deadline and time.perf_counter() >= self.deadline)
-
-
-async def run_sessions(
-    target: Target,
-    conversations: list[Conversation],
-    point: LoadPoint,
-    records_out: IO[str] | None = None,
-    point_key: str | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    count_tokens: Callable[[str], int] | None = None,
-    warmup_requests: list[BenchRequest] | None = None,
-    first_session: int = 0,
-) -> PointResult:
-    """Run each conversation once as a session of the point; records carry their session (numbered from
-    `first_session`: a repeated point's runs number theirs apart) and turn."""
-    assert point.sessions is not None or point.session_rate is not None
-    collect = Collector(point, records_out, point_key, on_record)
-    if point.workers > 1:
-        from llmopt.bench.workers import run_in_workers  # it builds on this module: imported when used
-
-        warm = warm_list(point, warmup_requests or [])
-        return await run_in_workers(target, conversations, warm, point, collect, count_tokens, first_session)
-    async with client_session(target) as session:
-        await warm_up(session, target, point, warmup_requests or [], count_tokens)
-        check = SelfCheck().start()
-        t0 = time.perf_counter()
-        used_tools = await drive_sessions(
-            session, target, conversations, point, t0, collect, count_tokens, first_session
-        )
-        wall = time.perf_counter() - t0
-        load = check.stop()
-    stopped = collect.stop[0] if collect.stop else None
-    return PointResult(collect.records, wall, stopped, used_tools, client=[load], started=t0)
 
 
 async def drive_sessions(

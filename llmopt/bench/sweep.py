@@ -25,10 +25,12 @@ from typing import IO
 import httpx
 
 from llmopt.bench.client import Target
-from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.conversation import Conversation
+from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.launcher import LocalServer
+from llmopt.bench.load_point import LoadPoint, PointResult, client_fields
 from llmopt.bench.metrics import parse_slo, summarize
 from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
 from llmopt.bench.quantized_serve import prepare_servers
@@ -44,12 +46,10 @@ from llmopt.bench.rounds import (
     total_spec,
 )
 from llmopt.bench.rundir import RunDir, machine_info
-from llmopt.bench.runner import LoadPoint, PointResult, run_point
+from llmopt.bench.runner import run_point, run_sessions
 from llmopt.bench.search import run_search
-from llmopt.bench.self_check import client_fields
 from llmopt.bench.server_metrics import MetricsSampler, summarize_samples
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
-from llmopt.bench.session import run_sessions
 from llmopt.bench.session_metrics import summarize_sessions
 from llmopt.bench.token_count import TokenCounter, tokenize_url
 from llmopt.bench.workload import (

@@ -37,9 +37,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.config import BenchError
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.runner import Collector, LoadPoint, PointResult, client_session, drive, warm_up
+from llmopt.bench.errors import BenchError
+from llmopt.bench.load_point import Collector, LoadPoint, PointResult
+from llmopt.bench.loops import client_session, drive, warm_up
 from llmopt.bench.self_check import SelfCheck
 from llmopt.bench.session import drive_sessions
 

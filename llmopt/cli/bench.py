@@ -13,10 +13,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.config import BenchConfig, BenchError, with_overrides
+from llmopt.bench.config import BenchConfig, with_overrides
+from llmopt.bench.errors import BenchError
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir
-from llmopt.bench.runner import LoadPoint
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.checkpoints import gguf_file
+from llmopt.checkpoints import converted_folder, gguf_file
 from llmopt.engine import kernels
 from llmopt.engine.config import DTYPE_CHOICES
 from llmopt.engine.formats import checkpoint_quantization
@@ -52,7 +52,9 @@ def resolve_precision(
     if dtype != "auto":
         return Precision(dtype, DTYPES[dtype], None, "asked for")
     gguf = gguf_file(model)
-    if gguf is not None:
+    # Only where model_dir is that file's own converted folder: a caller may name no model (the default)
+    # and hand in another checkpoint's folder, whose weights are then the ones to load.
+    if gguf is not None and converted_folder(gguf).resolve() == Path(model_dir).resolve():
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
         if model_type in NATIVE_MODEL_TYPES:
             return Precision(dtype, torch.float32, gguf, "the GGUF file's own quantized blocks")

@@ -58,6 +58,7 @@ POINT_COLUMNS = [
     PointColumn("load", "load", left=True),
     PointColumn("ok", "successful", unit="requests"),
     PointColumn("failed", "failed", unit="requests"),
+    PointColumn("reconn", "reconnects", report_header="reconnects", unit="requests"),
     PointColumn("req/s", "request_throughput", digits=2),
     PointColumn("out tok/s", "output_throughput", digits=1),
     PointColumn("total tok/s", "total_token_throughput", digits=1, console_only=True),

@@ -166,8 +166,9 @@ def sse(*payloads: bytes, done: bool = True) -> Reply:
 
 
 def hang_up(handler: ScriptedOpenAI, request: dict) -> None:
-    """Read the request, then close the connection without a word: a server that crashed or closed a
-    keep-alive connection. The request may have been served, so the bench must not send it again."""
+    """Read the request, then close the connection without a word: a server that closed a kept-alive
+    connection (or crashed) before answering. No byte of an answer came, so the request never ran: the
+    bench sends it once more on a fresh connection."""
 
 
 def stall(gap_s: float = 0.0, chunks: int = 1, then_stop: bool = True) -> Reply:

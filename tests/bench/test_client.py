@@ -10,7 +10,8 @@ import pytest
 
 from llmopt.bench import client
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.runner import run_point
 from tests.bench.conftest import content, hang_up, sse
 
 USAGE = b'{"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}'
@@ -87,12 +88,34 @@ def test_lines_split_across_reads_and_crlf_line_ends_are_read(openai_endpoint):
     assert record.success and len(record.itl) == 2 and record.output_tokens == 1
 
 
-def test_a_dropped_connection_is_a_failure_and_is_not_sent_again(openai_endpoint):
-    openai_endpoint.replies.append(hang_up)  # the server may have served it: a re-send would count twice
-    bad, good = run(openai_endpoint)
+def test_a_connection_closed_before_any_answer_byte_is_sent_again_once_on_a_fresh_one(openai_endpoint):
+    openai_endpoint.replies.append(hang_up)  # no byte of an answer: the request never ran
+    first, second = run(openai_endpoint)
+    assert len(openai_endpoint.seen) == 3  # the first request twice, the second once
+    assert first.success and first.reconnects == 1 and second.success and second.reconnects == 0
+
+
+def test_a_request_closed_again_after_its_one_resend_is_a_failure(openai_endpoint):
+    openai_endpoint.replies += [hang_up, hang_up]
+    first, second = run(openai_endpoint)
+    assert len(openai_endpoint.seen) == 3
+    assert not first.success and first.error.startswith("ServerDisconnectedError") and first.reconnects == 1
+    assert second.success
+
+
+def test_a_stream_cut_after_its_first_bytes_is_a_failure_and_is_never_sent_again(openai_endpoint):
+    def cut(handler, request) -> None:  # the answer began: the request ran, a re-send would count twice
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/event-stream")
+        handler.end_headers()
+        handler.wfile.write(b"data: " + content("a") + b"\n\n")
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    openai_endpoint.replies.append(cut)
+    first, second = run(openai_endpoint)
     assert len(openai_endpoint.seen) == 2
-    assert not bad.success and bad.error.startswith("ServerDisconnectedError")
-    assert good.success
+    assert not first.success and first.reconnects == 0 and second.success
 
 
 def test_an_http_error_keeps_its_status_and_message(openai_endpoint):

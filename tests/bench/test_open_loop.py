@@ -9,7 +9,9 @@ import pytest
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.runner import LoadPoint, client_session, run_point
+from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.loops import client_session
+from llmopt.bench.runner import run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.conftest import stall

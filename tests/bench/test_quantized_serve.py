@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmopt.bench import quantized_serve, sweep
-from llmopt.bench.config import BenchConfig, BenchError, ServerSpec, with_overrides
+from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
+from llmopt.bench.errors import BenchError
 from llmopt.bench.quantized_serve import (
     QuantizeSpec,
     cache_key,

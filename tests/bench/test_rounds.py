@@ -13,7 +13,8 @@ import pytest
 import typer.main
 
 from llmopt.bench import sweep
-from llmopt.bench.config import BenchConfig, BenchError, ServerSpec
+from llmopt.bench.config import BenchConfig, ServerSpec
+from llmopt.bench.errors import BenchError
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.sweep import run_sweep

@@ -7,13 +7,22 @@ import json
 
 import pytest
 
-from llmopt.bench.config import BenchConfig, BenchError
+from llmopt.bench.config import BenchConfig
+from llmopt.bench.errors import BenchError
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.sweep import point_key, run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 POINT_FIELDS = {
-    *("requests", "successful", "failed", "duration_s", "request_throughput", "output_throughput"),
+    *(
+        "requests",
+        "successful",
+        "failed",
+        "reconnects",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+    ),
     *("total_token_throughput", "prompt_tokens", "output_tokens", "cached_tokens", "tokens_from"),
     *("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "errors", "slo", "goodput", "slo_attainment", "key"),
     *("server", "model", "endpoint", "prompt_len", "output_len", "load", "concurrency", "request_rate"),

@@ -13,8 +13,9 @@ from rich.console import Console
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.runner import run_point
 from llmopt.bench.self_check import ClientLoad, SelfCheck, client_summary
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer

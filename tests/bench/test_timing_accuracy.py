@@ -19,7 +19,8 @@ import pytest
 from llmopt.bench import client
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.launcher import free_port
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.runner import run_point
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the stub lives there
 import accuracy_stub  # noqa: E402

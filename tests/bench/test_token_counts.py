@@ -9,8 +9,9 @@ import json
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.metrics import summarize
-from llmopt.bench.runner import LoadPoint, run_point
+from llmopt.bench.runner import run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.bench.token_count import TokenCounter, tokenize_url
 from llmopt.checkpoints import load_tokenizer

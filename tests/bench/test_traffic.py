@@ -10,8 +10,11 @@ import pytest
 
 from llmopt.bench.arrivals import arrival_times, ramped
 from llmopt.bench.client import BenchRequest, Target, send
-from llmopt.bench.config import BenchConfig, BenchError
-from llmopt.bench.runner import LoadPoint, client_session, run_point
+from llmopt.bench.config import BenchConfig
+from llmopt.bench.errors import BenchError
+from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.loops import client_session
+from llmopt.bench.runner import run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.bench.workload import count_tokens, random_prompts
 from llmopt.checkpoints import load_tokenizer

@@ -16,13 +16,14 @@ import pytest
 
 from llmopt.bench.arrivals import arrival_times
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.config import BenchConfig, BenchError, with_overrides
+from llmopt.bench.config import BenchConfig, with_overrides
 from llmopt.bench.conversation import Conversation, Turn
+from llmopt.bench.errors import BenchError
+from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.metrics import summarize
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.runner import LoadPoint, run_point
-from llmopt.bench.session import run_sessions
+from llmopt.bench.runner import run_point, run_sessions
 from llmopt.bench.sweep import run_sweep
 from llmopt.bench.workers import shares, split
 from llmopt.checkpoints import load_tokenizer

@@ -30,6 +30,7 @@ POINT = {
     "request_rate": None,
     "successful": 40,
     "failed": 2,
+    "reconnects": 1,
     "request_throughput": 3.14159,
     "output_throughput": 1234.56,
     "total_token_throughput": 5678.91,
@@ -55,12 +56,12 @@ def cells(table: Table) -> list[list[str]]:
 def test_results_table_headers_and_cells():
     table = results_table([POINT], "p90")
     assert [c.header for c in table.columns] == [
-        "server", "prompt", "output", "load", "ok", "failed", "req/s", "out tok/s", "total tok/s",
+        "server", "prompt", "output", "load", "ok", "failed", "reconn", "req/s", "out tok/s", "total tok/s",
         "TTFT med", "TTFT p90", "TPOT med", "ITL med", "ITL p90", "E2E med", "goodput",
     ]  # fmt: skip
     assert cells(table) == [
         [
-            "llmopt", "128", "32", "c=4", "40", "2", "3.14", "1,234.6", "5,678.9",
+            "llmopt", "128", "32", "c=4", "40", "2", "1", "3.14", "1,234.6", "5,678.9",
             "101", "151", "12.3", "11.1", "20.0", "880", "2.50",
         ]
     ]  # fmt: skip
@@ -72,20 +73,21 @@ def test_results_table_without_goodput_or_latencies_shows_dashes():
     point = {**POINT, "ttft_ms": latency(None, None, None), "itl_ms": {"median": None}}
     del point["goodput"]
     [row] = cells(results_table([point]))
-    assert row[9:11] == ["-", "-"] and row[13] == "-" and row[-1] == "-"
+    assert row[10:12] == ["-", "-"] and row[14] == "-" and row[-1] == "-"
 
 
 def test_report_point_table_is_the_console_table_less_its_extra_columns():
     assert POINT_HEADERS == [
-        "server", "in (tokens)", "out (tokens)", "load", "ok (requests)", "failed (requests)", "req/s",
+        "server", "in (tokens)", "out (tokens)", "load", "ok (requests)", "failed (requests)",
+        "reconnects (requests)", "req/s",
         "out tok/s", "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)",
         "E2E med (ms)", "goodput (req/s)",
     ]  # fmt: skip
     run = Run("r", None, {}, [POINT], [])
     [row] = point_rows(run)
     [console_row] = cells(results_table([POINT], "p99"))
-    assert row == console_row[:8] + console_row[9:]
-    assert row[9] == "200" and row[12] == "33.3"  # the p99 columns
+    assert row == console_row[:9] + console_row[10:]
+    assert row[10] == "200" and row[13] == "33.3"  # the p99 columns
 
 
 def test_cost_tables():

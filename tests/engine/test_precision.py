@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmopt.checkpoints import converted_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.precision import resolve_precision
@@ -21,7 +22,7 @@ AVX2_CPU = {"avx2", "fma"}
 
 
 def folder(tmp_path: Path, **config) -> Path:
-    tmp_path.mkdir(exist_ok=True)
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **config}))
     return tmp_path
 
@@ -30,17 +31,28 @@ def test_auto_is_the_default_of_the_engine_and_of_every_served_engine():
     assert EngineConfig().dtype == "auto" and ServeOptions().dtype == "auto"
 
 
-def test_a_gguf_is_read_natively_at_fp32_activations(tmp_path):
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    p = resolve_precision("auto", str(gguf), folder(tmp_path / "m", torch_dtype="float32"), AVX2_CPU)
+@pytest.fixture
+def gguf(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def test_a_gguf_is_read_natively_at_fp32_activations(gguf):
+    p = resolve_precision("auto", str(gguf), folder(converted_folder(gguf), torch_dtype="float32"), AVX2_CPU)
     assert p.gguf == gguf and p.compute == torch.float32 and "GGUF" in p.reason
 
 
-def test_a_gguf_of_an_architecture_not_read_natively_runs_its_fp32_copy(tmp_path):
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    p = resolve_precision("auto", str(gguf), folder(tmp_path / "m", model_type="mixtral"), AVX2_CPU)
+def test_the_gguf_is_read_only_for_its_own_converted_folder(gguf, tmp_path):
+    """No model named (the default) beside another checkpoint's folder: that folder's weights load."""
+    other = folder(tmp_path / "gptq", torch_dtype="float32")
+    assert resolve_precision("auto", None, other, AVX2_CPU).gguf is None
+    assert resolve_precision("auto", str(gguf), other, AVX2_CPU).gguf is None
+
+
+def test_a_gguf_of_an_architecture_not_read_natively_runs_its_fp32_copy(gguf):
+    p = resolve_precision("auto", str(gguf), folder(converted_folder(gguf), model_type="mixtral"), AVX2_CPU)
     assert p.gguf is None and p.compute == torch.float32
 
 
@@ -58,11 +70,9 @@ def test_a_half_precision_checkpoint_is_bf16_only_where_the_cpu_has_bf16_matmuls
     assert resolve_precision("auto", str(model_dir), model_dir, AVX2_CPU).compute == torch.float32
 
 
-def test_fp32_stays_fp32_and_an_explicit_dtype_is_taken_as_asked(tmp_path):
-    model_dir = folder(tmp_path, torch_dtype="float32")
+def test_fp32_stays_fp32_and_an_explicit_dtype_is_taken_as_asked(tmp_path, gguf):
+    model_dir = folder(converted_folder(gguf), torch_dtype="float32")
     assert resolve_precision("auto", str(model_dir), model_dir, BF16_CPU).compute == torch.float32
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
     asked = resolve_precision("float32", str(gguf), model_dir, BF16_CPU)
     assert asked.gguf is None and asked.compute == torch.float32 and asked.reason == "asked for"
     assert resolve_precision("bfloat16", None, model_dir, AVX2_CPU).compute == torch.bfloat16

@@ -17,7 +17,8 @@ COPY = "Repeat after me: the quick brown fox jumps over the lazy dog. The quick 
 @pytest.fixture(scope="module")
 def spec_server(model_dir):
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
-    with LiveServer("--api-key", API_KEY, "--num-kv-blocks", "64", "--speculative-config", spec) as s:
+    args = ("--api-key", API_KEY, "--num-kv-blocks", "64", "--dtype", "float32")  # as the main server
+    with LiveServer(*args, "--speculative-config", spec) as s:
         yield s
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from llmopt.engine.layers.moe import SparseMoE
-from llmopt.engine.models.loader import CheckpointWeights, set_linear
+from llmopt.engine.models.checkpoint_weights import CheckpointWeights, set_linear
 
 # (the MoE block's name, gate, up, down) of each checkpoint layout
 EXPERT_NAMES = (("block_sparse_moe.", "w1", "w3", "w2"), ("mlp.", "gate_proj", "up_proj", "down_proj"))

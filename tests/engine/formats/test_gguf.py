@@ -24,7 +24,7 @@ from llmopt.engine.formats.gguf import NATIVE, hf_name, read_gguf, to_quantized
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.model_runner import ModelRunner
-from llmopt.engine.models.loader import read_safetensors
+from llmopt.engine.models.checkpoint_weights import read_safetensors
 from tests.conftest import PROMPTS
 from tests.test_checkpoints_gemma3 import CONTROL, tiny_gemma3_config, write_gemma3_gguf
 
