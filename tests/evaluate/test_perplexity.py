@@ -34,7 +34,10 @@ def test_engine_perplexity_equals_transformers_own_loss(model_dir, llm):
 @pytest.mark.parametrize("checkpoint", ["int8_dir", "gptq_dir", "awq_dir"])
 def test_quantized_perplexity_in_our_engine_matches_transformers(checkpoint, request):
     model = str(request.getfixturevalue(checkpoint))
-    ours = perplexity(model, seq_len=96, num_windows=4, backend="engine")
+    # The checkpoint as it is: transformers runs its fp32 output layer, so ours does too. The int8 head
+    # that `auto` adds is the engine's own choice, not the checkpoint's: on this AWQ fixture (AVX2 machine,
+    # 2026-12-03) the engine was +0.42 % with an fp32 head, +1.25 % with the int8 one, 0.00 % dense.
+    ours = perplexity(model, seq_len=96, num_windows=4, backend="engine", lm_head_dtype="float32")
     theirs = perplexity(model, seq_len=96, num_windows=4, backend="transformers")
     assert abs(ours.perplexity / theirs.perplexity - 1) < 0.01, (ours.perplexity, theirs.perplexity)
 
