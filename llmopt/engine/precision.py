@@ -18,6 +18,7 @@ from llmopt.engine import kernels
 from llmopt.engine.config import DTYPE_CHOICES
 from llmopt.engine.formats import checkpoint_quantization
 from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES
+from llmopt.engine.layers.quantized_linear import QuantizedLinear
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,8 +76,6 @@ def resolve_precision(
 
 def weights_summary(model: torch.nn.Module) -> str:
     """How the linear layers run: e.g. "4-bit g32 (w4a8 kernel) x210"."""
-    from llmopt.engine.layers.quantized_linear import QuantizedLinear
-
     kinds: dict[str, int] = {}
     for module in (m for m in model.modules() if m is not model.lm_head_t):
         if isinstance(module, QuantizedLinear) and module.kernel != "dense":
@@ -93,8 +92,6 @@ def startup_line(
     precision: Precision, model: torch.nn.Module, kv_dtype: torch.dtype, use_kernels: bool
 ) -> str:
     """The one line `llmopt serve` prints at start-up about what runs in which format, and why."""
-    from llmopt.engine.layers.quantized_linear import QuantizedLinear
-
     compute = str(precision.compute).removeprefix("torch.")
     quantized = weights_summary(model)
     weights = quantized or compute
