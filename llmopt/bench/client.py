@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from llmopt.bench.redact import redact_text
+from llmopt.bench.structured_answer import structured_outcome
 from llmopt.bench.token_count import TokenCounter, output_body, prompt_body
 
 # A stream line longer than this fails its request: a server that never ends a line must not fill the
@@ -38,6 +39,9 @@ class BenchRequest:
     max_tokens: int = 128
     prompt_tokens: int = 0
     tools: list[dict] | None = None  # OpenAI tool definitions, sent as `tools` (chat only)
+    # OpenAI's `response_format` ({"type": "json_schema", "json_schema": {...}} or {"type": "json_object"}):
+    # the answer is checked against it (structured_answer.py)
+    response_format: dict | None = None
 
 
 @dataclass
@@ -62,6 +66,10 @@ class RequestRecord:
     turn: int | None = None  # ... and the turn's index in its session (0 first)
     # Sends that failed before any response byte and were made again on a fresh connection (0 or 1).
     reconnects: int = 0
+    finish_reason: str | None = None  # the server's, e.g. "stop" or "length" (cut by max_tokens)
+    # Requests with a response_format: "valid", "truncated" (cut by max_tokens before the JSON ended) or
+    # "invalid" (not JSON, or not of the schema); None for free text
+    structured: str | None = None
     # The answer's text: the next turn of a session sends it back. Not written to requests.jsonl.
     text: str | None = None
 
@@ -102,7 +110,9 @@ class Target:
         }
         if self.stream:
             body["stream_options"] = {"include_usage": True}
-        if self.ignore_eos:
+        if req.response_format:
+            body["response_format"] = req.response_format
+        elif self.ignore_eos:  # a structured answer ends where its grammar does, not at max_tokens
             body["ignore_eos"] = True
         if self.api == "chat":
             body["messages"] = req.messages or [{"role": "user", "content": req.prompt or ""}]
@@ -201,8 +211,9 @@ def tool_call_text(calls: object) -> str:
     return "".join(parts)
 
 
-def parse_chunk(data: bytes) -> tuple[str, dict | None]:
-    """(text, usage) of one `data:` payload; ResponseError for an error chunk or one that is malformed."""
+def parse_chunk(data: bytes) -> tuple[str, dict | None, str | None]:
+    """(text, usage, finish reason) of one `data:` payload; ResponseError for an error chunk or one that
+    is malformed."""
     try:
         chunk = json.loads(data)
     except ValueError as exc:
@@ -214,7 +225,16 @@ def parse_chunk(data: bytes) -> tuple[str, dict | None]:
     usage = chunk.get("usage")
     if usage is not None and not isinstance(usage, dict):
         raise ResponseError(f"malformed chunk: usage is not an object: {str(usage)[:100]}")
-    return chunk_text(chunk), usage
+    return chunk_text(chunk), usage, finish_reason(chunk)
+
+
+def finish_reason(answer: dict) -> str | None:
+    """The first choice's finish_reason, where a chunk or answer has one."""
+    choices = answer.get("choices")
+    if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+        return None
+    reason = choices[0].get("finish_reason")
+    return reason if isinstance(reason, str) else None
 
 
 async def send(
@@ -290,6 +310,8 @@ async def _exchange(
     if record.ttft is None:
         raise ResponseError("no content received")
     await fill_counts(session, payload, usage, record, count_tokens, len(text_parts))
+    if req.response_format:
+        record.structured = structured_outcome(req.response_format, record.text, record.finish_reason)
     record.success = True
 
 
@@ -352,6 +374,7 @@ async def _read_whole(
     usage = answer.get("usage")
     if usage is not None and not isinstance(usage, dict):
         raise ResponseError(f"malformed answer: usage is not an object: {str(usage)[:100]}")
+    record.finish_reason = finish_reason(answer)
     if text:
         record.ttft = time.perf_counter() - sent
     return [text], usage
@@ -372,9 +395,11 @@ async def _read_stream(
             data = line[5:].strip()
             if data == b"[DONE]":
                 return text_parts, usage
-            text, chunk_usage = parse_chunk(data)
+            text, chunk_usage, reason = parse_chunk(data)
             if chunk_usage:
                 usage = chunk_usage
+            if reason:
+                record.finish_reason = reason
             if not text:
                 continue
             now = lines.arrived  # not after parsing: a chunk's JSON is the client's work

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmopt.bench.client import RequestRecord
+from llmopt.bench.structured_answer import OUTCOMES
 from llmopt.bench.token_count import TOKEN_SOURCES
 
 DEFAULT_PERCENTILES = (50, 90, 99)
@@ -69,6 +70,13 @@ def token_source(records: list[RequestRecord]) -> str | None:
     return next((s for s in reversed(TOKEN_SOURCES) if s in used), None)
 
 
+def structured_counts(records: list[RequestRecord]) -> dict[str, int | None]:
+    """How many answers to a response_format were valid, cut by max_tokens or invalid (structured_answer.py);
+    None where the point asked for none."""
+    asked = [r.structured for r in records if r.structured is not None]
+    return {f"structured_{outcome}": asked.count(outcome) if asked else None for outcome in OUTCOMES}
+
+
 def summarize(
     records: list[RequestRecord],
     wall_s: float,
@@ -84,6 +92,7 @@ def summarize(
         "failed": len(records) - len(ok),
         # Requests sent again on a fresh connection after the server had closed the pooled one (client.py)
         "reconnects": sum(r.reconnects for r in records),
+        **structured_counts(ok),
         "duration_s": wall_s,
         "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
         "output_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,

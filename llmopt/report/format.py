@@ -59,6 +59,9 @@ POINT_COLUMNS = [
     PointColumn("ok", "successful", unit="requests"),
     PointColumn("failed", "failed", unit="requests"),
     PointColumn("reconn", "reconnects", report_header="reconnects", unit="requests"),
+    # Answers to a response_format (JSON schema) cut by max_tokens, and ones not of the schema: not valid
+    PointColumn("JSON cut", "structured_truncated", report_header="JSON truncated", unit="requests"),
+    PointColumn("JSON bad", "structured_invalid", report_header="JSON invalid", unit="requests"),
     PointColumn("req/s", "request_throughput", digits=2),
     PointColumn("out tok/s", "output_throughput", digits=1),
     PointColumn("total tok/s", "total_token_throughput", digits=1, console_only=True),

@@ -13,9 +13,9 @@ from llmopt.files import jsonl_records
 def file_prompts(
     path: Path, tokenizer, default_output_len: int, num: int | None = None
 ) -> list[BenchRequest]:
-    """JSONL lines of {"prompt" | "messages", "max_tokens"?}, or a ShareGPT JSON file (a list of
-    {"conversations": [{"from": "human"|"gpt", "value"}...]}: the first human turn is the prompt and
-    the first answer's length the output length, as `vllm bench serve` does)."""
+    """JSONL lines of {"prompt" | "messages", "max_tokens"?, "tools"?, "response_format"?}, or a ShareGPT
+    JSON file (a list of {"conversations": [{"from": "human"|"gpt", "value"}...]}: the first human turn
+    is the prompt and the first answer's length the output length, as `vllm bench serve` does)."""
     if not path.is_file():
         raise ValueError(f"prompt file not found: {path}")
     text = path.read_text()
@@ -49,6 +49,14 @@ def jsonl_prompts(path: Path, text: str, tokenizer, default_output_len: int) -> 
             raise ValueError(f'{path}:{n}: each line needs "prompt" or "messages"')
         messages = item.get("messages")
         prompt = item.get("prompt")
+        response_format = item.get("response_format")
+        if response_format is not None and not (
+            isinstance(response_format, dict)
+            and response_format.get("type") in ("json_schema", "json_object", "text")
+        ):
+            raise ValueError(f'{path}:{n}: "response_format" takes OpenAI\'s {{"type": "json_schema", ...}}')
+        if response_format is not None and response_format["type"] == "text":
+            response_format = None  # free text: nothing to check
         content = prompt if prompt is not None else " ".join(m.get("content", "") for m in messages)
         out.append(
             BenchRequest(
@@ -56,6 +64,8 @@ def jsonl_prompts(path: Path, text: str, tokenizer, default_output_len: int) -> 
                 messages=messages,
                 max_tokens=int(item.get("max_tokens", default_output_len)),
                 prompt_tokens=count_tokens(tokenizer, content),
+                tools=item.get("tools"),
+                response_format=response_format,
             )
         )
     return out
