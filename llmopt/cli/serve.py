@@ -52,7 +52,7 @@ def serve(
     data_parallel_size: Annotated[int, typer.Option(help="--engine vllm only, passed through")] = 1,
     engine: Annotated[
         str,
-        typer.Option(help="llmopt, vllm or llama.cpp: the same flags, translated (README: Other engines)"),
+        typer.Option(help="llmopt, vllm or llama.cpp: the same flags, translated (docs/engines.md)"),
     ] = "llmopt",
     engine_python: Annotated[
         str | None, typer.Option(help="the Python that has vllm / xllamacpp (else $LLMOPT_VLLM_PYTHON, ...)")

@@ -29,7 +29,7 @@ needs_llama_cpp = pytest.mark.skipif(
 )
 needs_vllm = pytest.mark.skipif(
     not imports(str(VLLM_PYTHON), "vllm"),
-    reason=f"no vllm at {VLLM_PYTHON}: make peers (README: Other engines)",
+    reason=f"no vllm at {VLLM_PYTHON}: make peers (docs/engines.md)",
 )
 
 

@@ -8,7 +8,7 @@
 // Keys and values are read kChunk at a time from the cache into a small contiguous buffer, once for all the
 // heads of the group. Keys past a query's position, or before its window, are masked in the scores.
 // Replaces gathering every row's blocks and SDPA's flash kernel, which on CPU computes whole 512-key blocks
-// (no causal skip inside one) with GQA heads apart: the README's engine section has the measured difference.
+// (no causal skip inside one) with GQA heads apart: docs/architecture.md names the benchmark.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
