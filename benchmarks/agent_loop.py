@@ -204,14 +204,17 @@ def main() -> None:
     load = MachineLoad.begin(console, peer_comparison=not args.quick, allow_busy=args.allow_busy)
     shape = AgentShape(args.sessions, args.turns, args.system_len, args.turn_len, args.output_len)
     rounds = agent_rounds(subjects(args.subjects, args.max_model_len), shape, args.rounds, 0, console)
-    console.print(table_agent(shape.title(), rounds, load))
+    table = table_agent(shape.title(), rounds, load)
+    console.print(table)
     out = {
         "args": vars(args),
         "shape": shape.title(),
         "rounds": rounds,
         "kept": "per subject, its lowest wall",
     }
-    path = write_result("agent_loop" + ("_quick" if args.quick else ""), {**out, **load.finish(console)})
+    path = write_result(
+        "agent_loop" + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, [table]
+    )
     console.print(f"wrote {path}")
 
 

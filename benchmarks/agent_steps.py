@@ -142,7 +142,7 @@ def summarize(steps: list[StepRecord], requests: list[RequestTrace], wall_s: flo
     return out
 
 
-def print_summary(title: str, summary: dict, console: Console) -> None:
+def print_summary(title: str, summary: dict, console: Console) -> Table:
     table = Table(title=title)
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -153,6 +153,7 @@ def print_summary(title: str, summary: dict, console: Console) -> None:
             value = json.dumps(value, default=str)
         table.add_row(key, str(value))
     console.print(table)
+    return table
 
 
 def read_trace(path: str) -> tuple[list[StepRecord], list[RequestTrace]]:
@@ -237,10 +238,10 @@ def main() -> None:
         result = {"summary": summarize(steps, requests, None)}
     else:
         result = run_in_process(args, console)
-    print_summary(
+    table = print_summary(
         load.title(f"agent loop, step log ({args.trace or 'in-process'})"), result["summary"], console
     )
-    path = write_result("agent_steps", {"args": vars(args), **result, **load.finish(console)})
+    path = write_result("agent_steps", {"args": vars(args), **result, **load.finish(console)}, [table])
     console.print(f"wrote {path}")
 
 

@@ -332,12 +332,13 @@ def main() -> None:
     finally:
         stub.terminate()
         stub.join(10)
-    console.print(render(rows, load, args))
+    table = render(rows, load, args)
+    console.print(table)
     verdict = targets(rows, max(args.concurrency))
     print_targets(console, verdict)
     settings = {**vars(args), "guidellm": str(args.guidellm), "vllm_python": str(args.vllm_python)}
     summary = {"args": settings, "stub": asdict(timing), "rows": rows, "targets": verdict}
-    path = write_result("bench_accuracy", {**summary, **load.finish(console)})
+    path = write_result("bench_accuracy", {**summary, **load.finish(console)}, [table])
     console.print(f"results: {path}")
 
 

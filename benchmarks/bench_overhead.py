@@ -244,8 +244,10 @@ def main() -> None:
             f"{r['ttft_tail']['ms']:.3f} ({r['ttft_tail']['stat']})",
         )
     console.print(table)
+    tables = [table]
     if scaling:
-        console.print(workers_table(scaling, load, args.workers_concurrency))
+        tables.append(workers_table(scaling, load, args.workers_concurrency))
+        console.print(tables[-1])
     best = max((r["bench_req_s"] for r in rows), default=0.0)
     added = next((r["ttft_ms_median"] for r in rows if r["concurrency"] == 1), None)
     console.print(
@@ -259,7 +261,7 @@ def main() -> None:
         "max_req_s": best,
         "added_ttft_ms": added,
     }
-    write_result("bench_overhead", {**summary, **load.finish(console)})
+    write_result("bench_overhead", {**summary, **load.finish(console)}, tables)
 
 
 if __name__ == "__main__":

@@ -201,7 +201,9 @@ def throughput_rounds(
     return rows
 
 
-def print_table(rows: dict[str, dict], args: argparse.Namespace, load: MachineLoad, console: Console) -> None:
+def print_table(
+    rows: dict[str, dict], args: argparse.Namespace, load: MachineLoad, console: Console
+) -> Table:
     hf = rows[f"transformers batch={args.hf_batch}"]["output_tok_s"]
     table = Table(
         title=load.title(
@@ -228,6 +230,7 @@ def print_table(rows: dict[str, dict], args: argparse.Namespace, load: MachineLo
             str(r["all_cached_prompt_tokens"]) if "all_cached_prompt_tokens" in r else "-",
         )
     console.print(table)
+    return table
 
 
 def main() -> None:
@@ -246,7 +249,7 @@ def main() -> None:
     console.print("prefix caching ...")
     prefix = prefix_cache_ttft(model_dir, cursor, args)
 
-    print_table(rows, args, load, console)
+    table = print_table(rows, args, load, console)
     cached = sum(r.get("all_cached_prompt_tokens", 0) for r in rows.values())
     console.print(
         "throughput runs: prefix caching on (the engine's default), fresh prompts for every point and "
@@ -277,7 +280,7 @@ def main() -> None:
         "batch1_fraction_of_limit": batch1 / limit if batch1 else None,
         "prefix_cache": prefix,
     }
-    write_result("engine_throughput", {**summary, **load.finish(console)})
+    write_result("engine_throughput", {**summary, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

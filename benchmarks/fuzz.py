@@ -83,7 +83,8 @@ def main() -> None:
         after = after_checks(server)
         log_tail = server.log_tail(15) if report.server_errors or report.no_answer else ""
 
-    console.print(table(report, after))
+    fuzz_table = table(report, after)
+    console.print(fuzz_table)
     for answer, count in report.server_error_kinds().items():
         console.print(f"[red]{count} server error(s) answering[/red] {escape(answer)}", soft_wrap=True)
     # The shortest bodies first: the easiest to read and replay (results/fuzz.json has them all).
@@ -108,6 +109,7 @@ def main() -> None:
             "machine": platform.machine(),
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
+        [fuzz_table],
     )
     console.print(f"wrote {path}")
     if report.server_errors or report.no_answer or leaked or not healthy:

@@ -324,14 +324,16 @@ def main() -> None:
         if "attention" in args.only:
             out["attention"] = measure_attention(config, args, console)
     console.print(f"read bandwidth (best of 6 sums of 1 GiB): {out['read_bandwidth_gbs']:.1f} GB/s")
+    tables: list[Table] = []
     if "linear" in out:
-        console.print(linear_table(out["linear"], load, args.repeats))
+        tables.append(linear_table(out["linear"], load, args.repeats))
         table, out["decode_step_linears"] = step_table(out["linear"], counts, load)
-        console.print(table)
-        console.print(bf16_table(out["linear"], load))
+        tables += [table, bf16_table(out["linear"], load)]
     if "attention" in out:
-        console.print(attention_table(out["attention"], load, args.repeats))
-    write_result("kernels", {**out, **load.finish(console)})
+        tables.append(attention_table(out["attention"], load, args.repeats))
+    for table in tables:
+        console.print(table)
+    write_result("kernels", {**out, **load.finish(console)}, tables)
 
 
 if __name__ == "__main__":

@@ -191,9 +191,10 @@ def main() -> None:
     with torch.inference_mode():
         out["attention"] = measure_attention(AutoConfig.from_pretrained(model_dir), args, console)
         out["runs"] = {name: measure_runner(name, windows, args, console) for name in DTYPES}
-    console.print(attention_table(out["attention"], load, args.repeats))
-    console.print(runner_table(out["runs"], load, args))
-    write_result("kv_cache_int8", {**out, **load.finish(console)})
+    tables = [attention_table(out["attention"], load, args.repeats), runner_table(out["runs"], load, args)]
+    for table in tables:
+        console.print(table)
+    write_result("kv_cache_int8", {**out, **load.finish(console)}, tables)
 
 
 if __name__ == "__main__":

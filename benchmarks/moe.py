@@ -129,7 +129,7 @@ def rounds(
 
 def print_table(
     runs: dict[str, list[float]], args: argparse.Namespace, load: MachineLoad, console: Console
-) -> dict:
+) -> tuple[Table, dict]:
     table = Table(title=load.title(f"random {args.family} MoE: decode tok/s, best of {args.repeats} rounds"))
     for col in ("batch", "llmopt", "rounds", "transformers", "rounds", "llmopt / transformers"):
         table.add_column(col, justify="right")
@@ -146,7 +146,7 @@ def print_table(
             f"{ratios[b]:.2f}x",
         )
     console.print(table)
-    return ratios
+    return table, ratios
 
 
 def parse_args() -> argparse.Namespace:
@@ -177,7 +177,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llmopt-moe-") as tmp:
         config = build_model(args.family, size, Path(tmp))
         runs, experts_impl = rounds(Path(tmp), size["vocab"], args, console)
-    ratios = print_table(runs, args, load, console)
+    table, ratios = print_table(runs, args, load, console)
     scaling = None
     if len(args.batches) > 1:
         lo, hi = min(args.batches), max(args.batches)
@@ -199,7 +199,7 @@ def main() -> None:
         "batch_scaling": scaling,
         "best_ratio_llmopt_over_transformers": ratios,
     }
-    write_result("moe_quick" if args.quick else "moe", {**summary, **load.finish(console)})
+    write_result("moe_quick" if args.quick else "moe", {**summary, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

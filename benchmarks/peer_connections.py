@@ -80,7 +80,9 @@ def main() -> None:
                 f"{row['output_throughput']:.0f}",
             )
     console.print(table)
-    path = write_result("peer_connections", {"args": vars(args), "results": results, **load.finish(console)})
+    path = write_result(
+        "peer_connections", {"args": vars(args), "results": results, **load.finish(console)}, [table]
+    )
     console.print(f"wrote {path}")
 
 

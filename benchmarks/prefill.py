@@ -139,13 +139,14 @@ def main() -> None:
     console = Console(width=150)
     load = MachineLoad.begin(console, peer_comparison=True, allow_busy=args.allow_busy)
     rounds = run_rounds(args, console)
-    console.print(table(rounds, load))
+    prefill_table = table(rounds, load)
+    console.print(prefill_table)
     out = {
         "args": vars(args),
         "rounds": {str(k): v for k, v in rounds.items()},
         "kept": "highest median tok/s",
     }
-    path = write_result("prefill", {**out, **load.finish(console)})
+    path = write_result("prefill", {**out, **load.finish(console)}, [prefill_table])
     console.print(f"wrote {path}")
 
 

@@ -136,7 +136,7 @@ def summarize_steps(steps: list[dict]) -> dict[str, dict]:
 
 def print_report(
     kinds: dict, run: dict, args: argparse.Namespace, path: str, load: MachineLoad, console: Console
-) -> None:
+) -> Table:
     title = (
         f"engine steps at concurrency {args.concurrency}: {args.requests} requests, "
         f"prompt {args.prompt_len}, output {args.output_len} tokens (mean ms per step); decode steps: {path}"
@@ -164,6 +164,7 @@ def print_report(
         f"Run: {run['output_tok_s']:.1f} output tok/s over {run['wall_s']:.1f} s; "
         f"{run['cached_tokens']} prompt tokens came from the prefix cache"
     )
+    return table
 
 
 def parse_args() -> argparse.Namespace:
@@ -195,9 +196,9 @@ def main() -> None:
     profile(engine, timer, cursor.prompts(2, args.prompt_len), 8)  # warm-up on text of its own
     steps, run = profile(engine, timer, cursor.prompts(args.requests, args.prompt_len), args.output_len)
     kinds = summarize_steps(steps)
-    print_report(kinds, run, args, path, load, console)
+    table = print_report(kinds, run, args, path, load, console)
     out = {"args": vars(args), "decode_path": path, "run": run, "kinds": kinds, "steps": steps}
-    write_result("profile_step", {**out, **load.finish(console)})
+    write_result("profile_step", {**out, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def speed_rounds(checkpoints: dict[str, Path], args: argparse.Namespace, console
     return speeds
 
 
-def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, console: Console) -> None:
+def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, console: Console) -> Table:
     title = (
         f"Quantized checkpoints in llmopt's engine (ratios to fp32); speeds: best of {args.rounds} rounds "
         "(checkpoints take turns), min-max of the rounds beside"
@@ -121,6 +121,7 @@ def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, c
             f"{r['decode_batch_tok_s']:.1f} ({r['batch_ratio']:.2f}x) [{spread(r['decode_batch_rounds'])}]",
         )
     console.print(table)
+    return table
 
 
 def parse_args() -> argparse.Namespace:
@@ -168,9 +169,9 @@ def main() -> None:
         r["perplexity_change"] = r["perplexity"] / base["perplexity"] - 1
         r["b1_ratio"] = r["decode_b1_tok_s"] / base["decode_b1_tok_s"]
         r["batch_ratio"] = r["decode_batch_tok_s"] / base["decode_batch_tok_s"]
-    print_table(rows, args, load, console)
+    table = print_table(rows, args, load, console)
     out = {"args": vars(args), "kept": "speeds: the best round; *_rounds lists every round", "results": rows}
-    write_result("quantization", {**out, **load.finish(console)})
+    write_result("quantization", {**out, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def perplexities(found: list[Subject], keys: set[str], args: argparse.Namespace,
     return out
 
 
-def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, console: Console) -> None:
+def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, console: Console) -> Table:
     title = (
         f"Quantized decode in llmopt's engine (ratios to fp32); best of {args.rounds} rounds, min-max beside;"
         f" perplexity: {args.windows} windows of {args.seq_len} tokens"
@@ -142,6 +142,7 @@ def print_table(rows: list[dict], args: argparse.Namespace, load: MachineLoad, c
         ppl = f"{r['perplexity']:.3f} ({r['perplexity_change']:+.1%})"
         table.add_row(r["weights"], r["kernel"], *cells, ppl)
     console.print(table)
+    return table
 
 
 def parse_args() -> argparse.Namespace:
@@ -185,10 +186,10 @@ def main() -> None:
                 "perplexity_change": ppl[key] / ppl["fp32/auto"] - 1,
             }
         )
-    print_table(rows, args, load, console)
+    table = print_table(rows, args, load, console)
     out = {"args": vars(args), "kept": "speeds: the best round; rounds lists every round", "results": rows}
     name = "quantized_serving_quick" if args.quick else "quantized_serving"
-    path = write_result(name, {**out, **load.finish(console)})
+    path = write_result(name, {**out, **load.finish(console)}, [table])
     console.print(f"wrote {path}")
 
 

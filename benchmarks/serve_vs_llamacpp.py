@@ -60,7 +60,7 @@ def configs(recipe: BenchConfig, args: argparse.Namespace, f32: Path) -> list[Se
     ]
 
 
-def print_table(points: list[dict], load: MachineLoad, console: Console) -> None:
+def print_table(points: list[dict], load: MachineLoad, console: Console) -> Table:
     """Per concurrency and server: output tok/s over every round (each round's beside it), latencies,
     the tokens each server said it served from its cache, and tok/s over llama.cpp's."""
     table = Table(title=load.title("streamed chat, every round pooled; rounds: each round's output tok/s"))
@@ -86,6 +86,7 @@ def print_table(points: list[dict], load: MachineLoad, console: Console) -> None
                 *(f"{tok_s / by[(peer, c)]['output_throughput']:.2f}x" for peer in (F32, Q4)),
             )
     console.print(table)
+    return table
 
 
 def parse_args() -> argparse.Namespace:
@@ -128,9 +129,9 @@ def main() -> None:
     shutil.rmtree(RUN, ignore_errors=True)  # each run measures afresh (the recipe's own runs resume)
     code = run_bench(config, RUN, False, load_tokenizer(resolve_model()), console)
     points = RunDir(RUN).load_summaries()
-    print_table(points, load, console)
+    table = print_table(points, load, console)
     out = {"args": vars(args), "run": RUN, "points": points}
-    write_result("serve_vs_llamacpp", {**out, **load.finish(console)})  # writes Paths as text
+    write_result("serve_vs_llamacpp", {**out, **load.finish(console)}, [table])  # writes Paths as text
     raise SystemExit(code)
 
 

@@ -296,7 +296,9 @@ def main() -> None:
     out["kept"] = (
         "per subject, the round with the lowest ratio (a) or wall time (b, c); every round is listed"
     )
-    path = write_result("serving_path" + ("_quick" if args.quick else ""), {**out, **load.finish(console)})
+    path = write_result(
+        "serving_path" + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, tables
+    )
     console.print(f"wrote {path}")
 
 

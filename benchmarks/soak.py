@@ -488,10 +488,11 @@ def main() -> None:
         result = asyncio.run(soak(server, args, workdir))
     problems = verdict(result)
     result["problems"] = problems
-    console.print(table(result))
+    soak_table = table(result)
+    console.print(soak_table)
     for loss in result["losses"][:10]:
         console.print(f"[red]lost:[/red] {loss}", markup=True, highlight=False)
-    path = write_result("soak", result)
+    path = write_result("soak", result, [soak_table])
     console.print(f"wrote {path}")
     if problems:
         console.print(f"[red]FAILED: {'; '.join(problems)}[/red] (logs kept in {workdir})")

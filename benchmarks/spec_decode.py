@@ -164,7 +164,7 @@ def main() -> None:
                     "-" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}",
                 )
     console.print(table)
-    write_result("spec_decode", {"args": vars(args), "results": results, **load.finish(console)})
+    write_result("spec_decode", {"args": vars(args), "results": results, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

@@ -220,7 +220,9 @@ def main() -> None:
             f"forced tokens {gain:.2f}x (target >= 1.3x); decode steps only: {100 * decode_overhead:+.1f} %, "
             f"{decode_gain:.2f}x"
         )
-    write_result("structured_output", {"args": vars(args), "results": results, **load.finish(console)})
+    write_result(
+        "structured_output", {"args": vars(args), "results": results, **load.finish(console)}, [table]
+    )
 
 
 if __name__ == "__main__":

@@ -346,7 +346,8 @@ def main() -> None:
                 session = round_index * len(MODES) + MODES.index(mode)
                 turns += run_session(client, mode, session, args, console)
     summaries = {mode: summary([t for t in turns if t.mode == mode], args.sessions) for mode in MODES}
-    console.print(render(summaries, load, args))
+    table = render(summaries, load, args)
+    console.print(table)
     for mode, s in summaries.items():
         met = s["valid_pct"] == 100 and s["required_turns_without_call"] == 0
         verdict = "[green]met[/green]" if met else "[bold red]NOT met[/bold red]"
@@ -359,6 +360,7 @@ def main() -> None:
             "turns": [asdict(t) for t in turns],
             **load.finish(console),
         },
+        [table],
     )
     console.print(f"wrote {path}")
 
