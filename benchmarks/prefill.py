@@ -33,6 +33,7 @@ from results import write_result
 
 SUBJECTS = {
     "llmopt": ("llmopt (no flags)", []),
+    "llmopt-fp32": ("llmopt --dtype float32", ["--dtype", "float32"]),
     "llama.cpp": ("llama.cpp", ["--engine", "llama.cpp"]),
     "vllm": ("vLLM-CPU", ["--engine", "vllm"]),
 }
@@ -40,7 +41,7 @@ SUBJECTS = {
 
 def subjects(names: list[str], max_model_len: int) -> list[ServeSubject]:
     common = ["--max-num-seqs", "1", "--max-model-len", str(max_model_len)]
-    chosen = [n for n in names if n == "llmopt" or peer_installed(n)]
+    chosen = [n for n in names if n.startswith("llmopt") or peer_installed(n)]
     return [ServeSubject(SUBJECTS[n][0], [*SUBJECTS[n][1], *common]) for n in chosen]
 
 

@@ -1,5 +1,6 @@
 """The int8 output layer: per-row symmetric quantization, run by a quantized kernel, chosen by
-EngineConfig's lm_head_dtype (the perplexity it costs is measured on the real model: benchmarks/quantization.py)."""
+EngineConfig's lm_head_dtype (the perplexity it costs is measured on the real model:
+benchmarks/quantization.py)."""
 
 from __future__ import annotations
 
