@@ -306,6 +306,12 @@ HEADLINES = [
         value=number_in("batch-16 tok/s"),
         ratio=ratio_in("batch-16 tok/s", peer="fp32"),
     ),
+    Headline(
+        figure="median TTFT error at {concurrency} streams, ms (vs the stub's send times), {client}",
+        result="bench_accuracy",
+        where=matching({"concurrency": "64"}),
+        value=cell("TTFT err med"),
+    ),
 ]
 
 
