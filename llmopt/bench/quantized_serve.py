@@ -156,7 +156,8 @@ def read_report(folder: Path) -> dict:
 
 def quantized_record(spec: QuantizeSpec, folder: Path, cached: bool) -> dict:
     """What the run keeps of a quantized config: the method and its settings, the checkpoint, and the
-    size and perplexity (before and after) that its quant_report.json measured."""
+    size, perplexity and KL divergence from the source (before and after) that its quant_report.json
+    measured (no KL divergence in a report made before llmopt measured it, or with --no-kld)."""
     report = read_report(folder)
     fields = ("bits", "group_size", "calibration_samples", "seconds", "size_before_mb", "size_after_mb")
     return {
@@ -167,13 +168,16 @@ def quantized_record(spec: QuantizeSpec, folder: Path, cached: bool) -> dict:
         **{f: report.get(f) for f in fields},
         "perplexity_before": report.get("perplexity_before"),
         "perplexity": report.get("perplexity_after"),
+        "kl_divergence_before": report.get("kl_divergence_before"),
+        "kl_divergence": report.get("kl_divergence_after"),
         "source": report.get("source"),
     }
 
 
 def baseline_record(quantized: dict) -> dict:
-    """An unquantized config on the same source: the source's size and perplexity, as measured by the
-    quantize run (same text, same windows), so that both sides of the comparison read alike."""
+    """An unquantized config on the same source: the source's size, perplexity and KL divergence from
+    itself in float32, as measured by the quantize run (same text, same windows), so that both sides of
+    the comparison read alike."""
     return {
         "method": "none",
         "settings": {},
@@ -183,6 +187,8 @@ def baseline_record(quantized: dict) -> dict:
         "size_before_mb": quantized.get("size_before_mb"),
         "perplexity_before": quantized.get("perplexity_before"),
         "perplexity": quantized.get("perplexity_before"),
+        "kl_divergence_before": quantized.get("kl_divergence_before"),
+        "kl_divergence": quantized.get("kl_divergence_before"),
         "source": quantized.get("source"),
     }
 

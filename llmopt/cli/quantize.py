@@ -34,9 +34,14 @@ def quantize(
     ] = None,
     seq_len: Annotated[int, typer.Option(help="tokens per calibration sample")] = 256,
     eval_windows: Annotated[int, typer.Option(help="held-out windows of 512 tokens for perplexity")] = 8,
+    kld: Annotated[
+        bool,
+        typer.Option(help="KL divergence from the source in float32, before and after, on those windows"),
+    ] = True,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
 ) -> None:
-    """Quantize a model with llm-compressor and report size, perplexity and speed before and after."""
+    """Quantize a model with llm-compressor and report size, perplexity, KL divergence from the source and
+    speed before and after."""
 
     from llmopt.checkpoints import ModelError
     from llmopt.cli.render import quant_table
@@ -58,6 +63,7 @@ def quantize(
             calib_samples=calib_samples,
             seq_len=seq_len,
             eval_windows=eval_windows,
+            kl_divergence=kld,
             overwrite=overwrite,
         )
         with progress:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only 
     from llmopt.cost.conversation import ConversationShape
     from llmopt.cost.from_run import ServedWorkload
     from llmopt.cost.workload import PricedWorkload
+    from llmopt.evaluate.kl_divergence import KLStats
     from llmopt.pricing import PricingModel
     from llmopt.quant.report import QuantReport
     from llmopt.report.verdict import Check
@@ -116,6 +117,43 @@ def break_even_table(rows: list[BreakEven], shape: ConversationShape) -> Table:
     return table_of(break_even_title(shape), headers, cells)
 
 
+# What a KL comparison shows, in llama.cpp's order of interest: the divergence, then the tokens.
+KL_LABELS = (
+    "mean KLD",
+    "median KLD",
+    "99.0% KLD",
+    "99.9% KLD",
+    "max KLD",
+    "top-1 agreement",
+    "mean Δp (next token)",
+)
+
+
+def kl_cells(stats: KLStats | None) -> list[str]:
+    """One cell per KL_LABELS: KLDs in nats, the shares in percent ("-" for each when not measured)."""
+    if stats is None:
+        return ["-"] * len(KL_LABELS)
+    klds = (stats.mean, stats.median, stats.p99, stats.p999, stats.max)
+    return [
+        *(f"{x:.6f}" for x in klds),
+        f"{stats.top1_agreement * 100:.2f} %",
+        f"{stats.delta_p_mean * 100:+.3f} %",
+    ]
+
+
+def kl_table(stats: KLStats, reference: str, reference_perplexity: float) -> Table:
+    """`llmopt eval --reference`: the KL divergence from the reference and the reference's perplexity."""
+    title = f"KL divergence from {reference} (float32)"
+    # As wide as its title: rich wraps a title to the table's width, and these two columns are narrow.
+    table = Table(title=title, caption=f"{stats.tokens} tokens", min_width=len(title) + 4, show_header=False)
+    table.add_column("", justify="left")
+    table.add_column("", justify="right")
+    for label, cell in zip(KL_LABELS, kl_cells(stats)):
+        table.add_row(label, cell)
+    table.add_row("reference perplexity", f"{reference_perplexity:.4f}")
+    return table
+
+
 def quant_rows(report: QuantReport) -> list[tuple[str, str, str]]:
     """(what, before, after) for the quantization table."""
 
@@ -132,11 +170,23 @@ def quant_rows(report: QuantReport) -> list[tuple[str, str, str]]:
             f"{report.decode_tok_s_after:.1f}",
         ),
         ("  speed-up", "", f"{report.decode_tok_s_after / report.decode_tok_s_before:.2f}x"),
+        *kl_rows(report),
     ]
 
 
+def kl_rows(report: QuantReport) -> list[tuple[str, str, str]]:
+    """The KL divergence from the source in float32, before (the source as the engine runs it) and after;
+    none for a report made with --no-kld."""
+    if report.kl_divergence_after is None:
+        return []
+    before, after = kl_cells(report.kl_divergence_before), kl_cells(report.kl_divergence_after)
+    heading = ("next-token distribution vs the source in fp32", "", "")
+    return [heading, *((f"  {label}", b, a) for label, b, a in zip(KL_LABELS, before, after))]
+
+
 def quant_table(report: QuantReport) -> Table:
-    """Size, perplexity and decode speed before and after, titled with the scheme."""
+    """Size, perplexity, decode speed and the KL divergence from the source, before and after, titled with
+    the scheme."""
     group = "per channel" if report.group_size is None else f"group {report.group_size}"
     table = Table(
         title=f"{report.method.upper()} {report.bits}-bit, {group}",

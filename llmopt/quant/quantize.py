@@ -52,6 +52,7 @@ class QuantizeConfig:
     seq_len: int = 256
     eval_seq_len: int = 512
     eval_windows: int = 8
+    kl_divergence: bool = True  # also compare before and after with the source in float32
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -136,15 +137,19 @@ def quantize_into(
     """Measure the source, write the quantized checkpoint into `staging`, measure it; the report."""
     from llmopt.evaluate.perplexity import perplexity
 
-    with step("perplexity and decode speed before"):
-        ppl_before = perplexity(str(model_dir), config.calib, config.eval_seq_len, config.eval_windows)
+    # The source is the natural reference: what the checkpoint should still predict.
+    reference = str(model_dir) if config.kl_divergence else None
+    measured = "perplexity, KL divergence" if reference else "perplexity"
+    windows = (config.calib, config.eval_seq_len, config.eval_windows)
+    with step(f"{measured} and decode speed before"):
+        ppl_before = perplexity(str(model_dir), *windows, reference=reference)
         speed_before = decode_speed(model_dir)
     with step(
         f"{config.method.upper()} {config.bits}-bit on {len(samples)} samples of {config.seq_len} tokens"
     ):
         seconds = run_oneshot(model_dir, staging, tokenizer, samples, config, group_size)
-    with step("perplexity and decode speed after"):
-        ppl_after = perplexity(str(staging), config.calib, config.eval_seq_len, config.eval_windows)
+    with step(f"{measured} and decode speed after"):
+        ppl_after = perplexity(str(staging), *windows, reference=reference)
         speed_after = decode_speed(staging)
     return QuantReport(
         method=config.method,
@@ -162,6 +167,8 @@ def quantize_into(
         source=str(model_dir),
         out=str(config.out.resolve()),
         scheme=json.loads((staging / "config.json").read_text())["quantization_config"],
+        kl_divergence_before=ppl_before.kl_divergence,
+        kl_divergence_after=ppl_after.kl_divergence,
     )
 
 

@@ -1,5 +1,6 @@
-"""What `llmopt quantize` reports about a checkpoint, before and after: size, perplexity, decode speed,
-written beside the checkpoint as quant_report.json."""
+"""What `llmopt quantize` reports about a checkpoint, before and after: size, perplexity, the KL divergence
+of its next-token distribution from the source's in float32, decode speed, written beside the checkpoint
+as quant_report.json."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from llmopt.evaluate.kl_divergence import KLStats
 
 REPORT_FILE = "quant_report.json"
 
@@ -28,6 +31,10 @@ class QuantReport:
     source: str
     out: str
     scheme: dict = field(default_factory=dict)
+    # From the source run in float32 on the perplexity windows: "before" is the source as the engine runs
+    # it by default (0 where that is float32 too), "after" the checkpoint. None: --no-kld.
+    kl_divergence_before: KLStats | None = None
+    kl_divergence_after: KLStats | None = None
 
 
 def write_report(folder: Path, report: QuantReport) -> None:

@@ -369,14 +369,16 @@ def draw_timeline(ax, records: list[dict]) -> None:
 
 def quality_tradeoff(
     names: list[str],
-    perplexity: list[float | None],
+    quality: list[float | None],
+    quality_label: str,
     panels: list[tuple[str, list[float | None], list[bool]]],
 ) -> str:
-    """Perplexity (lower is better) against each panel's x (its label, a value per config, and which
-    configs are on that panel's Pareto front): one labelled marker per config, the front stepped."""
+    """Quality (its label; lower is better: a KL divergence or a perplexity) against each panel's x (its
+    label, a value per config, and which configs are on that panel's Pareto front): one labelled marker
+    per config, the front stepped."""
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
     for ax, (xlabel, xs, front) in zip(axes[0], panels):
-        drawn = [(x, y, n, f) for x, y, n, f in zip(xs, perplexity, names, front) if x and y is not None]
+        drawn = [(x, y, n, f) for x, y, n, f in zip(xs, quality, names, front) if x and y is not None]
         for i, (x, y, name, on) in enumerate(drawn):
             ax.plot([x], [y], marker="o" if on else "x", ls="none", color=f"C{i % 10}", ms=8, label=name)
             ax.annotate(name, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
@@ -384,7 +386,7 @@ def quality_tradeoff(
         if len(edge) > 1:
             ax.step(*zip(*edge), where="post", color="black", lw=1, alpha=0.6, label="Pareto front")
         ax.set_xlabel(xlabel.replace("$", r"\$"))  # a dollar sign is no mathtext here
-        ax.set_ylabel("perplexity (lower is better)")
+        ax.set_ylabel(f"{quality_label} (lower is better)")
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize=7)

@@ -1,7 +1,12 @@
 """The report's quantization section: for a run whose `[[serve]]` configs quantize the model
-(bench/quantized_serve.py), each config's quality (perplexity, from its quant_report.json) against its
-output throughput and against its cost per 1M output tokens, with the Pareto front: the configs that no
-other config beats on both, i.e. the quantizations worth deploying.
+(bench/quantized_serve.py), each config's quality against its output throughput and against its cost per
+1M output tokens, with the Pareto front: the configs that no other config beats on both, i.e. the
+quantizations worth deploying.
+
+Quality is the mean KL divergence of the config's next-token distribution from the source's in float32
+(from its quant_report.json): it sees errors that perplexity averages away. A run with a config whose
+report has none (made before llmopt measured it, or with --no-kld) is compared on perplexity instead, so
+that all its configs stand on one measure.
 
 Throughput is the output tokens/s of the config's busiest point within the run's SLOs (the point the cost
 section prices self-hosting at, cost/from_run.py), and cost that throughput on the cheapest GPU hour of
@@ -18,8 +23,10 @@ from llmopt.report import plots
 from llmopt.report.data import Run
 from llmopt.report.format import fmt, money
 
+# What each quality measure is called on the axis and in the headings.
+QUALITY_LABELS = {"kld": "mean KL divergence from the fp32 source", "perplexity": "perplexity"}
 HEADERS = [
-    *("server", "method", "size (MB)", "perplexity", "Δ perplexity (%)", "out tok/s"),
+    *("server", "method", "size (MB)", "perplexity", "Δ perplexity (%)", "mean KLD", "out tok/s"),
     *("$ per 1M output tokens", "on the Pareto front", "throughput from"),
 ]
 
@@ -38,6 +45,10 @@ class QuantPoint:
     basis: str  # which point gave the throughput, in words
     front_throughput: bool = False
     front_cost: bool = False
+    kld: float | None = None  # mean KL divergence from the source in float32
+
+    def quality(self, measure: str) -> float | None:
+        return self.kld if measure == "kld" else self.perplexity
 
     @property
     def delta_pct(self) -> float | None:
@@ -50,6 +61,7 @@ class QuantPoint:
 class QuantizationSection:
     run: str
     pricing: str  # the GPU hour priced, in words
+    quality: str  # what the quality axis measures, in words
     headers: list[str]
     rows: list[list[str]]
     figure: str  # base64 SVG
@@ -81,6 +93,17 @@ def measured(run: Run, server: str) -> tuple[float | None, str]:
     return point["output_throughput"], f"{point['load']}: {basis}"
 
 
+def quality_measure(points: list[QuantPoint]) -> str:
+    """The quality axis: "kld" where every config with a quality figure has a KLD, else "perplexity"."""
+    rated = [p for p in points if p.perplexity is not None or p.kld is not None]
+    return "kld" if rated and all(p.kld is not None for p in rated) else "perplexity"
+
+
+def mean_kld(record: dict) -> float | None:
+    stats = record.get("kl_divergence")
+    return stats.get("mean") if isinstance(stats, dict) else None
+
+
 def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
     """A QuantPoint for each config of the run's settings["quantization"], the Pareto fronts marked."""
     out = []
@@ -100,6 +123,7 @@ def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
                 throughput,
                 cost,
                 basis,
+                kld=mean_kld(record),
             )
         )
     mark_fronts(out)
@@ -107,13 +131,14 @@ def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
 
 
 def mark_fronts(points: list[QuantPoint]) -> None:
-    """Set each point's front flags: of the points with a perplexity, those that no other beats on
-    perplexity and throughput (higher), and on perplexity and cost (lower)."""
-    fast = [p for p in points if p.perplexity is not None and p.throughput]
-    for p, front in zip(fast, on_front([(p.throughput, p.perplexity) for p in fast])):
+    """Set each point's front flags: of the points with a quality figure (quality_measure), those that no
+    other beats on quality and throughput (higher), and on quality and cost (lower)."""
+    measure = quality_measure(points)
+    fast = [p for p in points if p.quality(measure) is not None and p.throughput]
+    for p, front in zip(fast, on_front([(p.throughput, p.quality(measure)) for p in fast])):
         p.front_throughput = front
     priced = [p for p in fast if p.cost_per_1m is not None]
-    for p, front in zip(priced, on_front([(-p.cost_per_1m, p.perplexity) for p in priced])):
+    for p, front in zip(priced, on_front([(-p.cost_per_1m, p.quality(measure)) for p in priced])):
         p.front_cost = front
 
 
@@ -130,6 +155,7 @@ def row(point: QuantPoint) -> list[str]:
         fmt(point.size_mb),
         fmt(point.perplexity, 3),
         "-" if delta is None else f"{delta:+.1f}",
+        fmt(point.kld, 6),
         fmt(point.throughput),
         money(point.cost_per_1m),
         front_cell(point),
@@ -141,7 +167,8 @@ def answer(points: list[QuantPoint]) -> str:
     """The sentence a reader wants: which configs are worth deploying."""
     front = [p for p in points if p.front_throughput or p.front_cost]
     if not front:
-        return "No config has both a perplexity and a measured throughput: nothing to compare."
+        measure = QUALITY_LABELS[quality_measure(points)]
+        return f"No config has both a {measure} and a measured throughput: nothing to compare."
     names = ", ".join(f"{p.server} ({p.method})" for p in front)
     beaten = [p.server for p in points if p not in front]
     tail = f"; {', '.join(beaten)} lose to one of them on both" if beaten else ""
@@ -156,9 +183,11 @@ def quantization_section(run: Run, models: list[PricingModel]) -> QuantizationSe
     gpu = cheapest_gpu(models)
     points = quant_points(run, gpu)
     pricing = f"{gpu.name} at ${gpu.per_hour:g}/h" if gpu else "no GPU-hour price in the pricing file"
+    measure = quality_measure(points)
     svg = plots.quality_tradeoff(
         [p.server for p in points],
-        [p.perplexity for p in points],
+        [p.quality(measure) for p in points],
+        QUALITY_LABELS[measure],
         [
             (
                 "output tokens/s (higher is better)",
@@ -175,6 +204,7 @@ def quantization_section(run: Run, models: list[PricingModel]) -> QuantizationSe
     return QuantizationSection(
         run.name,
         pricing,
+        QUALITY_LABELS[measure],
         HEADERS,
         [row(p) for p in points],
         base64.b64encode(svg.encode()).decode(),

@@ -44,7 +44,9 @@ staging.mkdir(parents=True)
 (staging / "model.safetensors").write_bytes(b"w")
 report = {"method": method, "bits": 8, "group_size": None, "calibration_samples": 8, "seconds": 1.0,
           "size_before_mb": 538.1, "size_after_mb": 160.0, "perplexity_before": 14.2,
-          "perplexity_after": 14.3, "source": "/models/src"}
+          "perplexity_after": 14.3, "source": "/models/src",
+          "kl_divergence_before": {"mean": 0.0, "p99": 0.0},
+          "kl_divergence_after": {"mean": 0.004, "p99": 0.03}}
 (staging / "quant_report.json").write_text(json.dumps(report))
 if out.exists():
     import shutil; shutil.rmtree(out)
@@ -136,6 +138,9 @@ def test_configs_are_served_from_their_checkpoints_with_a_baseline(fake_quantize
     # the unquantized config on the same source: the source's figures, as the quantize run measured them
     assert records["fp32"]["method"] == "none" and records["fp32"]["perplexity"] == 14.2
     assert records["fp32"]["size_after_mb"] == 538.1
+    # the KL divergence from the source in float32: the checkpoint's, and the source's own for the baseline
+    assert records["int8"]["kl_divergence"] == {"mean": 0.004, "p99": 0.03}
+    assert records["fp32"]["kl_divergence"] == {"mean": 0.0, "p99": 0.0}
     assert prepare_servers(servers[:1], tmp_path / "cache") == (servers[:1], {})
 
 
@@ -221,3 +226,4 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     record = RunDir(tmp_path / "run").read_summary()["settings"]["quantization"]["int8"]
     assert record["cached"] is True and record["method"] == "int8"
     assert 1 < record["perplexity"] < 100 and 100 < record["size_after_mb"] < record["size_before_mb"]
+    assert 0 < record["kl_divergence"]["mean"] < 1  # from the source in float32, as quantize measured it

@@ -6,10 +6,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.cli.render import break_even_table, quant_table, results_table, shape_bill_table
+from llmopt.cli.render import break_even_table, kl_table, quant_table, results_table, shape_bill_table
 from llmopt.cost.break_even import break_evens
 from llmopt.cost.conversation import ConversationShape
 from llmopt.cost.workload import Workload, rank
+from llmopt.evaluate.kl_divergence import KLStats
 from llmopt.pricing import PricingModel
 from llmopt.quant.report import QuantReport
 from llmopt.report.data import Run
@@ -159,3 +160,37 @@ def test_quant_table():
     ]
     report.group_size = None
     assert quant_table(report).title == "GPTQ 4-bit, per channel"
+
+
+KLD = KLStats(
+    mean=0.0123456,
+    median=0.004,
+    p99=0.1,
+    p999=0.5,
+    max=1.25,
+    top1_agreement=0.9512,
+    delta_p_mean=-0.00123,
+    tokens=254,
+)
+KLD_CELLS = ["0.012346", "0.004000", "0.100000", "0.500000", "1.250000", "95.12 %", "-0.123 %"]
+
+
+def test_kl_table():
+    table = kl_table(KLD, "smollm2-135m", 14.56789)
+    assert (table.title, table.caption) == ("KL divergence from smollm2-135m (float32)", "254 tokens")
+    labels = ["mean KLD", "median KLD", "99.0% KLD", "99.9% KLD", "max KLD", "top-1 agreement"]
+    assert cells(table) == [
+        *map(list, zip([*labels, "mean Δp (next token)"], KLD_CELLS)),
+        ["reference perplexity", "14.5679"],
+    ]
+
+
+def test_quant_table_with_the_kl_divergence_from_the_source():
+    report = QuantReport("int8", 8, None, 8, 256, 9.0, 538.1, 160.0, 10.0, 10.1, 40.0, 60.0, "src", "out")
+    report.kl_divergence_before = KLStats(0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 254)
+    report.kl_divergence_after = KLD
+    rows = cells(quant_table(report))
+    start = rows.index(["next-token distribution vs the source in fp32", "", ""])
+    assert rows[start + 1] == ["  mean KLD", "0.000000", "0.012346"]
+    assert [r[2] for r in rows[start + 1 :]] == KLD_CELLS
+    assert rows[start + 6][1] == "100.00 %" and len(rows) == start + 8

@@ -1,7 +1,8 @@
 """The quantize job with its expensive steps faked: no tokenizer, no llm-compressor, no measurements.
 What stays real is everything `llmopt quantize` does to files: the option checks, the staging folder,
 the report, the move into place, and the CLI's error line. The fake oneshot writes a small but
-plausible compressed-tensors checkpoint (config.json, weights, tokenizer) into the staging folder."""
+plausible compressed-tensors checkpoint (config.json, weights, tokenizer) into the staging folder; the
+fake perplexity notes what it was asked to compare."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import typer
 
+from llmopt.evaluate.kl_divergence import KLStats
 from llmopt.quant.quantize import QuantizeConfig
 
 # A llama-shaped config.json: all the option checks read of the model.
@@ -34,6 +36,7 @@ class FakeJob:
     model_arg: str | None = None  # what the user names as the model; default: the folder above
     staged: list[Path] = field(default_factory=list)  # the folder each oneshot wrote into
     oneshot_error: BaseException | None = None  # raised once a partial checkpoint is written
+    evaluated: list[tuple[str, str | None]] = field(default_factory=list)  # (model, reference) per eval
 
     def __post_init__(self) -> None:
         if self.model_arg is None:
@@ -68,6 +71,13 @@ class FakeJob:
             return exc.exit_code
         return 0
 
+    def perplexity(self, model: str, *args, reference: str | None = None, **kwargs) -> SimpleNamespace:
+        """Perplexity 10 and, against a reference, a mean KLD of 0.01 for the first model, 0.02 next."""
+        self.evaluated.append((model, reference))
+        kld = 0.01 * len(self.evaluated)
+        stats = None if reference is None else KLStats(kld, kld, kld, kld, kld, 1 - kld, -kld, 127)
+        return SimpleNamespace(perplexity=10.0, kl_divergence=stats)
+
     def run_oneshot(self, model_dir: Path, out: Path, tokenizer, samples, config, group_size) -> float:
         self.staged.append(out)
         (out / "config.json").write_text(
@@ -98,9 +108,7 @@ def fake_job(tmp_path: Path, monkeypatch) -> FakeJob:
     monkeypatch.setattr(llmopt.quant.quantize, "require_quant_stack", lambda: None)
     monkeypatch.setattr(llmopt.quant.quantize, "run_oneshot", job.run_oneshot)
     monkeypatch.setattr(llmopt.quant.quantize, "decode_speed", lambda model_dir: 100.0)
-    monkeypatch.setattr(
-        llmopt.evaluate.perplexity, "perplexity", lambda *args, **kwargs: SimpleNamespace(perplexity=10.0)
-    )
+    monkeypatch.setattr(llmopt.evaluate.perplexity, "perplexity", job.perplexity)
     return job
 
 

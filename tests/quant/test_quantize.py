@@ -37,11 +37,21 @@ def test_int8_cli_writes_a_compressed_tensors_checkpoint_and_a_report(int8_run, 
         "perplexity_after",
         "decode_tok_s_before",
         "decode_tok_s_after",
+        "kl_divergence_before",
+        "kl_divergence_after",
     ):
         assert key in report, key
     assert (report["method"], report["bits"], report["group_size"]) == ("int8", 8, None)
     assert report["size_after_mb"] < 0.5 * report["size_before_mb"]
     assert abs(report["perplexity_after"] / report["perplexity_before"] - 1) < 0.01
+    # From the source in float32: the fp32 source as the engine runs it is that reference itself.
+    assert (
+        report["kl_divergence_before"]["mean"] < 1e-6
+        and report["kl_divergence_before"]["top1_agreement"] == 1
+    )
+    after = report["kl_divergence_after"]
+    assert 0 < after["mean"] < after["p99"] < after["p999"] and after["tokens"] == 511
+    assert "mean KLD" in result.stdout
     assert report["decode_tok_s_after"] > 0
     assert not staging_leftovers(out.parent)
 
@@ -53,6 +63,9 @@ def test_gptq_and_awq_checkpoints(gptq_dir, awq_dir):
         weights = report["scheme"]["config_groups"]["group_0"]["weights"]
         assert weights["num_bits"] == 4 and weights["strategy"] == "group"
         assert report["perplexity_after"] < 1.3 * report["perplexity_before"]
+        assert (
+            0 < report["kl_divergence_after"]["mean"] and report["kl_divergence_after"]["top1_agreement"] < 1
+        )
         assert not staging_leftovers(out.parent)
 
 

@@ -5,6 +5,7 @@ bench/quantized_serve.py records them): table, answer and plot. No model, no ser
 from __future__ import annotations
 
 import base64
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -14,7 +15,13 @@ from llmopt.bench.rundir import RunDir
 from llmopt.pricing import load_pricing
 from llmopt.report.data import load_run
 from llmopt.report.html import write_report
-from llmopt.report.quantization import QuantPoint, mark_fronts, on_front, quantization_section
+from llmopt.report.quantization import (
+    QuantPoint,
+    mark_fronts,
+    on_front,
+    quality_measure,
+    quantization_section,
+)
 from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run
 
@@ -80,17 +87,68 @@ def quantized_run(tmp_path_factory) -> Path:
 def test_the_section_says_which_quantization_to_deploy(quantized_run):
     section = quantization_section(load_run(quantized_run), load_pricing())
     rows = {row[0]: row for row in section.rows}
-    assert rows["gptq"][1:6] == ["gptq", "174.0", "15.400", "+10.0", "80.0"]
-    assert rows["gptq"][7] == "throughput, cost"
-    assert rows["awq"][7] == "no" and rows["fp32"][7] == "throughput, cost" and rows["fp32"][4] == "+0.0"
-    assert rows["int8"][5] == "64.0" and rows["int8"][7] == "throughput, cost"
+    assert rows["gptq"][1:7] == ["gptq", "174.0", "15.400", "+10.0", "-", "80.0"]  # an old report: no KLD
+    assert rows["gptq"][8] == "throughput, cost"
+    assert rows["awq"][8] == "no" and rows["fp32"][8] == "throughput, cost" and rows["fp32"][4] == "+0.0"
+    assert rows["int8"][6] == "64.0" and rows["int8"][8] == "throughput, cost"
     # the cheapest GPU hour of the pricing file (runpod/L4, $0.44/h) at 80 tok/s: 0.44 / 3600 / 80 * 1e6
-    assert section.pricing == "runpod/L4 at $0.44/h" and rows["gptq"][6] == "$1.5278"
-    assert rows["gptq"][8] == "concurrency=4: the busiest point with 90% of requests within the SLOs"
+    assert section.pricing == "runpod/L4 at $0.44/h" and rows["gptq"][7] == "$1.5278"
+    assert rows["gptq"][9] == "concurrency=4: the busiest point with 90% of requests within the SLOs"
+    assert section.quality == "perplexity" and "perplexity (lower is better)" in figure_text(section)
     assert section.answer.startswith("Worth deploying (on the Pareto front): fp32 (none), int8 (int8), gptq")
     assert "awq lose to one of them on both" in section.answer
     svg = ET.fromstring(base64.b64decode(section.figure))
-    assert svg.tag.endswith("svg") and "Pareto front" in base64.b64decode(section.figure).decode()
+    assert svg.tag.endswith("svg") and "Pareto front" in figure_text(section)
+
+
+def figure_text(section) -> str:
+    return base64.b64decode(section.figure).decode()
+
+
+def test_the_kl_divergence_is_the_quality_where_every_config_has_one():
+    # On perplexity gptq beats awq on both axes; on the KLD awq is closer to the source, so on the front.
+    points = [
+        QuantPoint("int8", "int8", 160, 14.3, 14.2, 60.0, 1.0, "", kld=0.002),
+        QuantPoint("gptq", "gptq", 174, 15.3, 14.2, 80.0, 0.8, "", kld=0.09),
+        QuantPoint("awq", "awq", 170, 16.0, 14.2, 70.0, 0.9, "", kld=0.05),
+    ]
+    assert quality_measure(points) == "kld"
+    mark_fronts(points)
+    assert [p.front_throughput for p in points] == [True, True, True]
+    points[2].kld = None  # a report from before llmopt measured the KLD: all compared on perplexity
+    assert quality_measure(points) == "perplexity"
+    mark_fronts(points)
+    assert [p.front_throughput for p in points] == [True, True, False]
+
+
+@pytest.fixture(scope="module")
+def kld_run(quantized_run, tmp_path_factory) -> Path:
+    """The quantized run again, its records with the KL divergence from the source that quantize measures
+    now (fp32's from the source against itself)."""
+    path = tmp_path_factory.mktemp("kld") / "quantized"
+    shutil.copytree(quantized_run, path)
+    run = RunDir(path)
+    summary = run.read_summary()
+    klds = {"fp32": 0.0, "int8": 0.004, "gptq": 0.12, "awq": 0.08}
+    for server, kld in klds.items():
+        summary["settings"]["quantization"][server]["kl_divergence"] = {"mean": kld, "p99": 10 * kld}
+    run.write_summaries(summary["points"], summary["settings"])
+    return path
+
+
+def test_the_section_plots_the_kl_divergence_when_every_config_has_one(kld_run):
+    section = quantization_section(load_run(kld_run), load_pricing())
+    rows = {row[0]: row for row in section.rows}
+    assert [rows[s][5] for s in ("fp32", "int8", "gptq", "awq")] == [
+        "0.000000",
+        "0.004000",
+        "0.120000",
+        "0.080000",
+    ]
+    # awq (50 tok/s) loses to int8 (64 tok/s) on KLD too; the others are each the best at their speed
+    assert [rows[s][8] for s in ("fp32", "int8", "gptq", "awq")] == ["throughput, cost"] * 3 + ["no"]
+    assert section.quality == "mean KL divergence from the fp32 source"
+    assert "mean KL divergence from the fp32 source (lower is better)" in figure_text(section)
 
 
 @pytest.mark.slow
