@@ -159,6 +159,8 @@ class BenchConfig:
     # A recipe's [[habit]] entries: each baseline point is run once more per habit, with its one change.
     habits: list[Habit] = field(default_factory=list)
     quantized_cache: str | None = None  # quantized checkpoints' folder; default ~/.cache/llmopt/quantized
+    # End a point once it saturates and skip the higher loads of its series (stop_on_saturation.py).
+    stop_on_saturation: bool = False
 
     def validate(self) -> None:
         """Raise BenchError for a setting that cannot run; with no load point given, run concurrency 1."""
@@ -350,6 +352,7 @@ class BenchConfig:
             "seed": self.seed,
             "think_time": self.think_time,
             "workers": self.workers,
+            "stop_on_saturation": self.stop_on_saturation,
         }
         open_loop = {
             "arrival": self.arrival,

@@ -37,6 +37,8 @@ class LoadPoint:
     habit: str | None = None  # a client habit's point (habit.py): its name ends the label
     # With rounds (rounds.py): which run of the point this is; its records say so, for --resume.
     run: int | None = None
+    # End the point once it saturates (stop_on_saturation.py checks every second or so while it runs)
+    stop_on_saturation: bool = False
 
     def __post_init__(self) -> None:
         loads = [self.concurrency, self.request_rate, self.sessions, self.session_rate, self.replay_speed]
@@ -100,6 +102,7 @@ class PointResult:
     client: list[ClientLoad] = field(default_factory=list)  # each client process's self-check
     workers: int = 1  # how many processes sent the point's requests
     started: float | None = None  # perf_counter() at the point's start, where records' `start` count from
+    saturation: str | None = None  # why --stop-on-saturation ended it (saturation.py), if it did
 
 
 class Collector:
@@ -123,6 +126,7 @@ class Collector:
         self.records: list[RequestRecord] = []
         self.failed = 0
         self.stop: list[str] = []  # a list, shared with the loops: non-empty means stop sending
+        self.saturated: str | None = None  # set (with a stop) by the --stop-on-saturation watcher
 
     def __call__(self, record: RequestRecord) -> None:
         self.records.append(record)

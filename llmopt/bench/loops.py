@@ -98,7 +98,8 @@ async def open_loop(
 ) -> None:
     """Start `job(i)` for i < n (or i in `indices`, this process's share) at the point's arrival times
     (relative to `t0`), at most `point.max_concurrency` at once (an arrival waits for a free place); stop
-    starting at `deadline` or once `stop` holds a reason. Returns when every started job has ended."""
+    starting at `deadline` or once `stop` holds a reason (an arrival still waiting for a place then is
+    dropped). Returns when every started job has ended."""
     limit = asyncio.Semaphore(point.max_concurrency) if point.max_concurrency else None
     tasks: list[asyncio.Task] = []
 
@@ -107,7 +108,8 @@ async def open_loop(
             await job(i)
             return
         async with limit:
-            await job(i)
+            if not stop:  # an arrival that waited for a place while the point stopped is never sent
+                await job(i)
 
     times = point.arrivals(n)
     for i in range(n) if indices is None else indices:

@@ -1,13 +1,15 @@
 """Summary statistics of a load point, with the definitions of `vllm bench serve`:
 TTFT = sent -> first content token; ITL = gaps between content chunks; TPOT = (E2E - TTFT) / (output
 tokens - 1); E2E = sent -> last byte; throughput = tokens / wall time of the point; goodput = requests/s
-meeting every SLO."""
+meeting every SLO. The sweep computes latencies and throughputs over each point's steady state
+(steady_state.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from llmopt.bench.client import RequestRecord
+from llmopt.bench.steady_state import SteadyState
 from llmopt.bench.structured_answer import OUTCOMES
 from llmopt.bench.token_count import TOKEN_SOURCES
 
@@ -77,13 +79,29 @@ def structured_counts(records: list[RequestRecord]) -> dict[str, int | None]:
     return {f"structured_{outcome}": asked.count(outcome) if asked else None for outcome in OUTCOMES}
 
 
+def throughputs(records: list[RequestRecord], span_s: float) -> dict[str, float]:
+    """Requests and tokens per second of `records` (successful ones) over `span_s`."""
+    if span_s <= 0:
+        return {"request_throughput": 0.0, "output_throughput": 0.0, "total_token_throughput": 0.0}
+    out_tokens = sum(r.output_tokens for r in records)
+    return {
+        "request_throughput": len(records) / span_s,
+        "output_throughput": out_tokens / span_s,
+        "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in records)) / span_s,
+    }
+
+
 def summarize(
     records: list[RequestRecord],
     wall_s: float,
     slo: dict[str, float] | None = None,
     percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
+    steady: SteadyState | None = None,
 ) -> dict:
+    """A point's figures. With `steady` (steady_state.py), latency distributions and throughputs are
+    over its steady state and the summary says so; counts, token totals and goodput over every request."""
     ok = [r for r in records if r.success]
+    latency, finished, span = (steady.latency, steady.finished, steady.span_s) if steady else (ok, ok, wall_s)
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
     summary = {
@@ -94,20 +112,20 @@ def summarize(
         "reconnects": sum(r.reconnects for r in records),
         **structured_counts(ok),
         "duration_s": wall_s,
-        "request_throughput": len(ok) / wall_s if wall_s > 0 else 0.0,
-        "output_throughput": out_tokens / wall_s if wall_s > 0 else 0.0,
-        "total_token_throughput": (in_tokens + out_tokens) / wall_s if wall_s > 0 else 0.0,
+        **throughputs(finished, span),
         "prompt_tokens": in_tokens,
         "output_tokens": out_tokens,
         "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
         "tokens_from": sorted({r.tokens_from for r in ok}),
         "token_source": token_source(ok),
-        "ttft_ms": distribution([r.ttft for r in ok], percentiles),
-        "tpot_ms": distribution([t for r in ok if (t := tpot(r)) is not None], percentiles),
-        "itl_ms": distribution([g for r in ok for g in r.itl], percentiles),
-        "e2e_ms": distribution([r.e2e for r in ok], percentiles),
+        "ttft_ms": distribution([r.ttft for r in latency], percentiles),
+        "tpot_ms": distribution([t for r in latency if (t := tpot(r)) is not None], percentiles),
+        "itl_ms": distribution([g for r in latency for g in r.itl], percentiles),
+        "e2e_ms": distribution([r.e2e for r in latency], percentiles),
         "errors": sorted({r.error for r in records if r.error})[:10],
     }
+    if steady is not None:
+        summary["steady_state"] = steady.block()
     if slo:
         good = sum(meets_slo(r, slo) for r in records)
         summary["slo"] = {k: v * 1000 for k, v in slo.items()}

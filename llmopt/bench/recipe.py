@@ -63,6 +63,7 @@ TABLES: dict[str, dict[str, str]] = {
         "workers": "workers",
         "metrics_interval": "metrics_interval",
         "replay_speed": "replay_speeds",
+        "stop_on_saturation": "stop_on_saturation",
     },
 }
 # Fields that hold one value per sweep axis: a recipe may give one number or a list.

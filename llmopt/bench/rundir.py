@@ -56,6 +56,9 @@ CSV_FIELDS = [
     "output_throughput",
     "total_token_throughput",
     "goodput",
+    # Over-saturation (saturation.py): the flag and what held
+    "saturated",
+    "saturation_reason",
 ]
 CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 # Multi-turn points' columns, after the metrics: {column: (summary block, field, statistic or None)}.
@@ -73,6 +76,11 @@ CLIENT_COLUMNS = {
     "client_cpu": ("client", "cpu", None),
     "client_loop_lag_ms_p99": ("client", "loop_lag_ms", "p99"),
     "client_limited": (None, "client_limited", None),
+}
+# The steady state (steady_state.py): the successful requests whose latencies count, and all of them.
+STEADY_COLUMNS = {
+    "steady_kept": ("steady_state", "kept", None),
+    "steady_of": ("steady_state", "of", None),
 }
 TURN_FIELDS = ["key", "turn", "requests", "successful", "prompt_tokens_mean", "cached_fraction"]
 # A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
@@ -223,6 +231,7 @@ def summary_csv(points: list[dict]) -> str:
     # Only a run with multi-turn points has their columns, so other runs' tables read as they did.
     sessions = list(SESSION_COLUMNS) if any("conversations" in p for p in points) else []
     sessions += list(CLIENT_COLUMNS) if any("client" in p for p in points) else []
+    sessions += list(STEADY_COLUMNS) if any("steady_state" in p for p in points) else []
     writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols] + sessions)
     for p in points:
         row = [p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols]
@@ -231,7 +240,7 @@ def summary_csv(points: list[dict]) -> str:
 
 
 def session_cell(point: dict, column: str) -> object:
-    block, name, stat = {**SESSION_COLUMNS, **CLIENT_COLUMNS}[column]
+    block, name, stat = {**SESSION_COLUMNS, **CLIENT_COLUMNS, **STEADY_COLUMNS}[column]
     value = (point.get(block) or {}).get(name) if block else point.get(name)
     return (value or {}).get(stat) if stat else value
 

@@ -16,6 +16,7 @@ from llmopt.bench.load_point import Collector, LoadPoint, PointResult, warm_list
 from llmopt.bench.loops import client_session, drive, warm_up
 from llmopt.bench.self_check import SelfCheck
 from llmopt.bench.session import drive_sessions
+from llmopt.bench.stop_on_saturation import watching
 from llmopt.bench.workers import run_in_workers
 
 
@@ -38,11 +39,14 @@ async def run_point(
         await warm_up(session, target, point, requests, count_tokens)
         check = SelfCheck().start()
         t0 = time.perf_counter()
-        await drive(session, target, work, point, t0, collect.stop, collect, count_tokens)
+        async with watching(point, collect, t0):  # --stop-on-saturation
+            await drive(session, target, work, point, t0, collect.stop, collect, count_tokens)
         wall = time.perf_counter() - t0
         load = check.stop()
     stopped = collect.stop[0] if collect.stop else None
-    return PointResult(collect.records, wall, stopped, client=[load], started=t0)
+    return PointResult(
+        collect.records, wall, stopped, client=[load], started=t0, saturation=collect.saturated
+    )
 
 
 async def run_sessions(
@@ -67,10 +71,13 @@ async def run_sessions(
         await warm_up(session, target, point, warmup_requests or [], count_tokens)
         check = SelfCheck().start()
         t0 = time.perf_counter()
-        used_tools = await drive_sessions(
-            session, target, conversations, point, t0, collect, count_tokens, first_session
-        )
+        async with watching(point, collect, t0):
+            used_tools = await drive_sessions(
+                session, target, conversations, point, t0, collect, count_tokens, first_session
+            )
         wall = time.perf_counter() - t0
         load = check.stop()
     stopped = collect.stop[0] if collect.stop else None
-    return PointResult(collect.records, wall, stopped, used_tools, client=[load], started=t0)
+    return PointResult(
+        collect.records, wall, stopped, used_tools, client=[load], started=t0, saturation=collect.saturated
+    )

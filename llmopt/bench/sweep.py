@@ -47,10 +47,13 @@ from llmopt.bench.rounds import (
 )
 from llmopt.bench.rundir import RunDir, machine_info
 from llmopt.bench.runner import run_point, run_sessions
+from llmopt.bench.saturation import saturation_fields
 from llmopt.bench.search import run_search
 from llmopt.bench.server_metrics import MetricsSampler, summarize_samples
 from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
 from llmopt.bench.session_metrics import summarize_sessions
+from llmopt.bench.steady_state import steady_state
+from llmopt.bench.stop_on_saturation import skip_reason
 from llmopt.bench.token_count import TokenCounter, tokenize_url
 from llmopt.bench.workload import (
     REPEATING_WORKLOADS,
@@ -82,6 +85,7 @@ class Sweep:
     done_keys: set[str]  # the points finished before this session (on resume)
     on_point_start: PointStart | None = None
     on_point_done: Callable[[dict], None] | None = None
+    on_point_skipped: Callable[[str, str], None] | None = None  # (key, why): --stop-on-saturation
 
 
 def run_sweep(
@@ -91,6 +95,7 @@ def run_sweep(
     tokenizer,
     on_point_start: PointStart | None = None,
     on_point_done: Callable[[dict], None] | None = None,
+    on_point_skipped: Callable[[str, str], None] | None = None,
 ) -> list[dict]:
     """Run every point not yet done; return all point summaries of the run (old and new)."""
     config.validate()
@@ -122,6 +127,7 @@ def run_sweep(
             done_keys={p["key"] for p in done},
             on_point_start=on_point_start,
             on_point_done=on_point_done,
+            on_point_skipped=on_point_skipped,
         )
         if config.rounds > 1:
             run_rounds(sweep, targets)
@@ -164,10 +170,26 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
         return
     with serving(sweep, server_name, spec) as target:
         for index, entry in todo:
+            if skipped(sweep, server_name, entry.cell):
+                continue
             summary = run_cell(entry_sweep(sweep, entry), target, server_name, spec, index, entry.cell)
             if entry.habit is not None:
                 summary.update(habit_fields(config, server_name, entry))
             finish_point(sweep, summary)
+
+
+def skipped(sweep: Sweep, server_name: str, cell: Cell) -> bool:
+    """With --stop-on-saturation, whether a lower load of the cell's series saturated (stop_on_saturation.py):
+    the point is then not run, and the run's settings (`skipped`) and `on_point_skipped` say why."""
+    reason = skip_reason(sweep.points, server_name, cell) if sweep.config.stop_on_saturation else None
+    if reason is None:
+        return False
+    key = point_key(server_name, *cell)
+    sweep.settings.setdefault("skipped", []).append({"key": key, "reason": reason})
+    sweep.run.write_summaries(sweep.points, sweep.settings)
+    if sweep.on_point_skipped:
+        sweep.on_point_skipped(key, reason)
+    return True
 
 
 def entry_sweep(sweep: Sweep, entry: MatrixEntry) -> Sweep:
@@ -239,13 +261,7 @@ def summarize_rounds(
     runs = [run for measured in rounds for run in measured.runs]
     summary = summarize_runs(sweep, target, server_name, spec, cell, Measured(runs, total_spec(rounds)))
     per_round = [
-        summarize(
-            [r for run in m.runs for r in run.result.records],
-            sum(run.result.wall_s for run in m.runs),
-            sweep.slo,
-            config.percentiles,
-        )
-        for m in rounds
+        summarize_results([run.result for run in m.runs], sweep.slo, config.percentiles) for m in rounds
     ]
     summary["repeats"] = {**repeat_stats(per_round), "over": "rounds"}
     summary["rounds"] = len(rounds)
@@ -401,7 +417,7 @@ def summarize_runs(
     key = point_key(server_name, *cell)
     records = [r for run in runs for r in run.result.records]
     wall = sum(run.result.wall_s for run in runs)
-    summary = summarize(records, wall, sweep.slo, config.percentiles)
+    summary = summarize_results([run.result for run in runs], sweep.slo, config.percentiles)
     if spec is not None:
         summary["spec"] = measured.spec
     if config.workload in SESSION_WORKLOADS:
@@ -410,7 +426,7 @@ def summarize_runs(
         tools = [run.result.tools for run in runs]
         summary["tools"] = next((t for t in tools if t != "sent"), tools[0])  # a refusal is what to say
     if len(runs) > 1:
-        per_run = [summarize(r.result.records, r.result.wall_s, sweep.slo, config.percentiles) for r in runs]
+        per_run = [summarize_results([r.result], sweep.slo, config.percentiles) for r in runs]
         summary["repeats"] = repeat_stats(per_run)
     summary.update(
         {
@@ -433,9 +449,21 @@ def summarize_runs(
             "warnings": list(dict.fromkeys(w for run in runs for w in run.warnings)),
             "server_metrics": summarize_samples([(run.samples, run.result.wall_s) for run in runs]),
             **client_fields([run.result for run in runs]),
+            **saturation_fields(point, [run.result for run in runs]),
         }
     )
     return summary
+
+
+def summarize_results(
+    results: list[PointResult], slo: dict[str, float], percentiles: tuple[float, ...]
+) -> dict:
+    """The figures of runs of a point: their records pooled; latencies and throughputs over each run's
+    steady state (steady_state.py)."""
+    records = [r for result in results for r in result.records]
+    wall = sum(result.wall_s for result in results)
+    steady = steady_state([(result.records, result.wall_s) for result in results])
+    return summarize(records, wall, slo, percentiles, steady)
 
 
 def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, repeat: int) -> Run:

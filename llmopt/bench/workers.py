@@ -43,6 +43,7 @@ from llmopt.bench.load_point import Collector, LoadPoint, PointResult
 from llmopt.bench.loops import client_session, drive, warm_up
 from llmopt.bench.self_check import SelfCheck
 from llmopt.bench.session import drive_sessions
+from llmopt.bench.stop_on_saturation import watching
 
 START_LEAD_S = 0.05  # between setting the common start and reaching it: every worker is waiting by then
 POLL_S = 0.2  # how often the parent looks for a worker that died without a word
@@ -134,7 +135,8 @@ async def run_in_workers(
         channel.start_at.value = time.time() + START_LEAD_S
         started = time.perf_counter() + START_LEAD_S  # the common start on this process's clock
         channel.go.set()
-        done = await receive(channel, procs, collect, "done")
+        async with watching(point, collect, started):  # --stop-on-saturation: over every worker's records
+            done = await receive(channel, procs, collect, "done")
     finally:
         channel.stop.set()
         for proc in (p for p in procs if p.pid is not None):  # started ones only
@@ -147,7 +149,14 @@ async def run_in_workers(
     tools = next((t for t in tools if t not in (None, "sent")), tools[0])  # a refusal is what to say
     stopped = collect.stop[0] if collect.stop else None
     return PointResult(
-        collect.records, wall, stopped, tools, client=loads, workers=len(plan), started=started
+        collect.records,
+        wall,
+        stopped,
+        tools,
+        client=loads,
+        workers=len(plan),
+        started=started,
+        saturation=collect.saturated,
     )
 
 
@@ -167,6 +176,8 @@ async def receive(channel: Channel, procs: list, collect: Collector, until: str)
                 raise BenchError(f"bench worker {number} failed:\n{payload}")
             elif kind == until:
                 got[number] = payload
+        if collect.stop:  # the error rate, or the saturation watcher (which no record need wake)
+            channel.stop.set()
         # A worker's messages are all in the queue once it has exited: a quiet queue means it sent no more.
         dead = [p for k, p in enumerate(procs) if k not in got and p.exitcode is not None]
         if dead and not batch:

@@ -21,7 +21,7 @@ from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunD
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list
-from llmopt.cli.render import client_warning, results_table
+from llmopt.cli.render import client_warning, natural_width, results_table
 
 # The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
 # (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the
@@ -31,7 +31,7 @@ AS_GIVEN = (
     "max_error_rate arrival max_concurrency tokenizer ignore_eos seed request_timeout connection_reuse turns "
     "system_len think_time burstiness ramp_up prompt_len_spread reset_prefix_cache goodput_search "
     "search_percentile search_tolerance num_runs trace_block_size metrics_interval workers quantized_cache "
-    "rounds"
+    "rounds stop_on_saturation"
 ).split()
 
 
@@ -190,6 +190,13 @@ MetricsIntervalOption = Annotated[
     float | None,
     typer.Option(help="seconds between samples of the server's /metrics during a point; 0: off; default 0.5"),
 ]
+StopOnSaturationOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--stop-on-saturation/--no-stop-on-saturation",
+        help="end a point once its queue grows (arrivals outrun completions) and skip its higher loads",
+    ),
+]
 RunNameOption = Annotated[str | None, typer.Option(help="folder under --results-dir; default: a timestamp")]
 ResumeOption = Annotated[bool, typer.Option(help="continue an interrupted run (same --run-name)")]
 QuantizedCacheOption = Annotated[
@@ -243,6 +250,7 @@ def bench(
     rounds: RoundsOption = None,
     workers: WorkersOption = None,
     metrics_interval: MetricsIntervalOption = None,
+    stop_on_saturation: StopOnSaturationOption = None,
     ignore_eos: IgnoreEosOption = True,
     tokenizer: TokenizerOption = None,
     run_name: RunNameOption = None,
@@ -298,17 +306,17 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
     interrupted = False
     with progress:
         try:
-            points = run_sweep(
-                config, run_dir, resume, tokenizer, on_point_start, lambda p: print_point_notes(console, p)
-            )
+            notes = (lambda p: print_point_notes(console, p), lambda k, why: print_skipped(console, k, why))
+            points = run_sweep(config, run_dir, resume, tokenizer, on_point_start, *notes)
         except KeyboardInterrupt:
             interrupted = True
     run = RunDir(run_dir)
     if interrupted:
         points = run.load_summaries()
     if points:
-        wide = Console(width=None if console.is_terminal else 200)  # a file or pipe gets the whole table
-        wide.print(results_table(points, f"p{max(config.percentiles):g}"))
+        table = results_table(points, f"p{max(config.percentiles):g}")
+        wide = Console(width=None if console.is_terminal else natural_width(table))  # a file or pipe: all
+        wide.print(table)
         # Imported here: the report pulls in matplotlib, which every other command would pay for.
         from llmopt.report.html import write_report
 
@@ -325,7 +333,8 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
 
 
 def print_point_notes(console: Console, summary: dict) -> None:
-    """What a finished point's table row cannot say: its failures, warnings, tools refused, early stop."""
+    """What a finished point's table row cannot say: its failures, warnings, tools refused, why it
+    saturated, early stop."""
     key = summary["key"]
     if summary["failed"]:
         errors = escape("; ".join(summary["errors"][:3]))
@@ -336,5 +345,12 @@ def print_point_notes(console: Console, summary: dict) -> None:
         console.print(client)
     if summary.get("tools") not in (None, "sent"):
         console.print(f"[yellow]{key}: tools {escape(summary['tools'])}[/]")
+    if summary.get("saturated"):
+        console.print(f"[yellow]{key}: saturated: {escape(summary['saturation_reason'])}[/]")
     if summary.get("stopped_early"):
         console.print(f"[red]{key}: stopped early: {escape(summary['stopped_early'])}[/]")
+
+
+def print_skipped(console: Console, key: str, why: str) -> None:
+    """A point --stop-on-saturation did not run, and why."""
+    console.print(f"[yellow]{key}: skipped (--stop-on-saturation): {escape(why)}[/]")

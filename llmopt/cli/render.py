@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -39,6 +40,12 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
     for p in points:
         table.add_row(*(col.cell(p, percentile) for col in columns))
     return table
+
+
+def natural_width(table: Table) -> int:
+    """The width `table` takes unsqueezed, at least 200: what a file or a pipe gets, so that no column
+    of it wraps (however many columns the points have)."""
+    return max(200, Console(width=100_000).measure(table).maximum)
 
 
 def client_warning(summary: dict) -> Text | None:

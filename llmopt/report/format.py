@@ -35,6 +35,7 @@ class PointColumn:
     report_header: str | None = None  # the report's shorter header, where it differs
     console_only: bool = False  # shown by `llmopt bench`, left out of the HTML report
     unit: str | None = None  # the report's header names it, e.g. "TTFT p99 (ms)"
+    flag: bool = False  # a true/false field, read "yes" or "no"
 
     def title(self, percentile: str, report: bool = False) -> str:
         header = self.report_header if report and self.report_header else self.header
@@ -46,6 +47,8 @@ class PointColumn:
         value = point.get(self.key)
         if self.stat is not None:
             value = (value or {}).get(self.stat.format(p=percentile))
+        if self.flag:
+            return "-" if value is None else "yes" if value else "no"
         if self.digits is None:
             return "-" if value is None else str(value)
         return fmt(value, self.digits)
@@ -72,6 +75,9 @@ POINT_COLUMNS = [
     PointColumn("ITL {p}", "itl_ms", "{p}", digits=1, unit="ms"),
     PointColumn("E2E med", "e2e_ms", "median", digits=0, unit="ms"),
     PointColumn("goodput", "goodput", digits=2, unit="req/s"),
+    # The requests whose latencies count (bench/steady_state.py), and whether the point saturated
+    PointColumn("steady", "steady_state", "kept", report_header="steady state", unit="requests"),
+    PointColumn("sat", "saturated", flag=True, report_header="saturated"),
 ]
 
 

@@ -94,6 +94,8 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
         if self.replies:
             self.replies.pop(0)(self, request)
             return
+        if self.endpoint.capacity is not None:
+            self.endpoint.capacity.serve()
         chat = self.path == "/v1/chat/completions"
         if request.get("stream") is False:
             whole(self, request, chat)
@@ -203,6 +205,24 @@ def answer(status: int, body: str) -> Reply:
     return reply
 
 
+class Capacity:
+    """A server of known capacity: at most `slots` requests served at once, each for `service_s` before
+    its answer streams (at once), so that it completes `rate` = slots / service_s requests per second and
+    a request beyond the slots waits for one: asked for more than `rate`, its queue grows."""
+
+    def __init__(self, slots: int, service_s: float):
+        self.slots, self.service_s = slots, service_s
+        self._free = threading.BoundedSemaphore(slots)
+
+    @property
+    def rate(self) -> float:
+        return self.slots / self.service_s
+
+    def serve(self) -> None:
+        with self._free:
+            time.sleep(self.service_s)
+
+
 @dataclass
 class Endpoint:
     url: str  # the API base, .../v1
@@ -215,6 +235,7 @@ class Endpoint:
     usage: bool = True  # False: answers carry no `usage`, as some servers' do not
     tokenize: bool = False  # True: POST /tokenize counts (see `tokenized`); False: 404, as most servers
     tokenized: list[dict] = field(default_factory=list)  # the body of every /tokenize call
+    capacity: Capacity | None = None  # a limit on what it serves at once (None: everything at once)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from llmopt.bench.loops import client_session
 from llmopt.bench.runner import run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
-from tests.bench.conftest import stall
+from tests.bench.conftest import answer, stall
 
 
 def requests(n: int, max_tokens: int = 2) -> list[BenchRequest]:
@@ -83,3 +83,15 @@ def test_without_connection_reuse_no_connection_is_kept_alive():
             return session.connector.force_close
 
     assert asyncio.run(force_close(False)) and not asyncio.run(force_close(True))
+
+
+def test_arrivals_waiting_for_a_place_are_not_sent_once_the_point_stops(openai_endpoint):
+    # 40 arrivals due at once behind a cap of 1: once 10 have failed the point stops, and those still
+    # waiting for the place are dropped, not sent to a server the point has given up on.
+    openai_endpoint.replies.extend(answer(500, '{"error": "boom"}') for _ in range(40))
+    point = LoadPoint(
+        request_rate=10_000, arrival="constant", max_concurrency=1, num_requests=40, max_error_rate=0.0
+    )
+    result = run(openai_endpoint, point, 40)
+    assert result.stopped_early and "error rate" in result.stopped_early
+    assert len(openai_endpoint.seen) == len(result.records) <= 11

@@ -30,6 +30,7 @@ POINT_FIELDS = {
     "server_metrics",
     *("token_source", "replay_speed"),
     *("client", "client_limited"),
+    *("saturated", "saturation_reason", "saturation", "steady_state"),
 }
 
 

@@ -1,0 +1,143 @@
+"""The over-saturation rule: simulated queues of known capacity (a few requests per second, as CPU servers
+saturate) at twice it and at half of it, closed loops past the server's slots and within them, and two
+real points against a stub of known capacity (conftest.Capacity)."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+
+import pytest
+
+from llmopt.bench.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load_point import LoadPoint, PointResult
+from llmopt.bench.runner import run_point
+from llmopt.bench.saturation import run_verdict, saturation_fields
+from tests.bench.conftest import Capacity
+
+
+def served(arrivals: list[float], slots: int, service_s: float) -> list[RequestRecord]:
+    """Requests sent at `arrivals`, served in turn by `slots` places of `service_s` each: the answer (its
+    first token with it) comes at the end of the service."""
+    free, out = [0.0] * slots, []
+    for i, t in enumerate(arrivals):
+        k = min(range(slots), key=free.__getitem__)
+        begin = max(t, free[k])
+        free[k] = begin + service_s
+        out.append(record(i, t, begin + service_s - t))
+    return out
+
+
+def closed_loop(n: int, concurrency: int, slots: int, service_s: float) -> list[RequestRecord]:
+    """`concurrency` clients, each sending its next request when its last is answered."""
+    clients, free, out = [0.0] * concurrency, [0.0] * slots, []
+    for i in range(n):
+        t = heapq.heappop(clients)
+        k = min(range(slots), key=free.__getitem__)
+        begin = max(t, free[k])
+        free[k] = begin + service_s
+        out.append(record(i, t, begin + service_s - t))
+        heapq.heappush(clients, begin + service_s)
+    return out
+
+
+def record(index: int, start: float, ttft: float) -> RequestRecord:
+    return RequestRecord(index=index, start=start, ttft=ttft, e2e=ttft, output_tokens=8, success=True)
+
+
+def verdict(point: LoadPoint, records: list[RequestRecord]):
+    return run_verdict(point, PointResult(records, wall_s=1.0))
+
+
+@pytest.mark.parametrize("arrival", ["constant", "poisson"])
+@pytest.mark.parametrize("seed", range(5))
+def test_twice_the_capacity_is_saturated_and_half_of_it_is_not(arrival, seed):
+    slots, service_s = 1, 0.5  # completes 2 requests per second
+    for rate, expected in ((4.0, True), (1.0, False)):
+        point = LoadPoint(request_rate=rate, arrival=arrival, num_requests=60, seed=seed)
+        found = verdict(point, served(point.arrivals(60), slots, service_s))
+        assert found.saturated is expected, (rate, found.signals)
+        assert (found.reason is not None) is expected
+
+
+def test_the_reason_says_what_held():
+    point = LoadPoint(request_rate=4.0, arrival="constant", num_requests=40)
+    found = verdict(point, served(point.arrivals(40), 1, 0.5))
+    signals = found.signals
+    assert signals.achieved_rate == pytest.approx(2.0) and signals.offered_rate == pytest.approx(4.0)
+    assert signals.in_flight_late > 2 * signals.in_flight_early + 4
+    assert signals.ttft_late_s > 1.5 * signals.ttft_early_s and signals.ttft_slope > 0
+    assert found.reason == (
+        "TTFT 725 ms early (p10) -> 9,125 ms late (median); 3.5 -> 18.1 requests in flight; "
+        "2.00 of 4.00 req/s completed (50%)"
+    )
+
+
+def test_a_wait_for_a_concurrency_place_counts_as_queueing():
+    # Capped at one in flight on a one-place server: the queue is in the client, every TTFT from the send
+    # alike; counted from the arrival's due time, it grows.
+    point = LoadPoint(request_rate=4.0, arrival="constant", num_requests=40, max_concurrency=1)
+    records, free = [], 0.0
+    for i, due in enumerate(point.arrivals(40)):
+        start = max(due, free)
+        free = start + 0.5
+        records.append(record(i, start, 0.5))
+    assert verdict(point, records).saturated
+
+
+def test_a_closed_loop_past_the_servers_places_is_saturated_and_within_them_is_not():
+    for concurrency, expected in ((1, False), (2, False), (4, True), (8, True)):
+        point = LoadPoint(concurrency=concurrency, num_requests=48)
+        found = verdict(point, closed_loop(48, concurrency, slots=2, service_s=0.5))
+        assert found.saturated is expected, concurrency
+        assert found.signals.in_flight_late is None  # a closed loop's backlog is its concurrency
+
+
+def test_too_few_requests_are_not_judged():
+    point = LoadPoint(request_rate=4.0, arrival="constant", num_requests=19)
+    found = verdict(point, served(point.arrivals(19), 1, 0.5))
+    assert not found.saturated and not found.signals.judged
+
+
+def test_a_run_stopped_online_stays_saturated_and_any_saturated_run_flags_the_point():
+    point = LoadPoint(request_rate=1.0, arrival="constant", num_requests=40)
+    calm = PointResult(served(point.arrivals(40), 1, 0.5), 40.0)
+    assert saturation_fields(point, [calm]) == {
+        "saturated": False,
+        "saturation_reason": None,
+        "saturation": verdict(point, calm.records).signals.to_json(),
+    }
+    stopped = PointResult(calm.records[:5], 5.0, saturation="TTFT 500 ms early (p10) -> 3,000 ms late")
+    fields = saturation_fields(point, [calm, stopped])
+    assert fields["saturated"] and fields["saturation_reason"].startswith("TTFT 500 ms early")
+
+
+def test_multi_turn_points_are_judged_on_first_turns():
+    # Later turns replay their history: slower by design, which is no queue.
+    # 20 sessions' first turns, then their second, then their third: the later sent, the longer replayed.
+    point = LoadPoint(sessions=20, num_requests=60)
+    records = []
+    for i in range(60):
+        records.append(record(i, i * 0.5, 0.1 + (i // 20) * 0.5))
+        records[-1].turn = i // 20
+    assert not verdict(point, records).saturated
+
+
+def run_against(endpoint, rate: float, n: int) -> PointResult:
+    target = Target(endpoint.url, "scripted", api="completions")
+    requests = [BenchRequest(prompt=f"prompt {i}", max_tokens=2) for i in range(n)]
+    point = LoadPoint(request_rate=rate, arrival="constant", num_requests=n)
+    return asyncio.run(run_point(target, requests, point))
+
+
+@pytest.mark.slow  # real-time arrivals against a stub that serves 10 requests per second
+def test_a_stub_asked_twice_its_capacity_saturates_and_at_half_does_not(openai_endpoint):
+    openai_endpoint.capacity = Capacity(slots=2, service_s=0.2)
+    rate = openai_endpoint.capacity.rate
+    over = run_against(openai_endpoint, 2 * rate, 30)
+    point = LoadPoint(request_rate=2 * rate, arrival="constant", num_requests=30)
+    assert all(r.success for r in over.records) and saturation_fields(point, [over])["saturated"]
+    under = run_against(openai_endpoint, rate / 2, 20)
+    point = LoadPoint(request_rate=rate / 2, arrival="constant", num_requests=20)
+    fields = saturation_fields(point, [under])
+    assert fields["saturation"]["judged"] and not fields["saturated"]
