@@ -89,6 +89,7 @@ class Target:
     timeout_s: float = 600.0  # a request fails once the server sends nothing for this long
     connection_reuse: bool = True  # False: one connection per request
     stream: bool = True  # False: ask for the whole answer at once (TTFT is then its E2E)
+    server_pid: int | None = None  # the server's process, where the bench started it (machine_meter.py)
 
     @property
     def url(self) -> str:

@@ -57,6 +57,11 @@ class LocalServer:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(command(self.port), stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
+    @property
+    def pid(self) -> int:
+        """The server's process: what the bench reads its CPU time from (machine_meter.py)."""
+        return self.proc.pid
+
     def wait_ready(self) -> LocalServer:
         deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:

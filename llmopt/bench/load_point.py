@@ -10,6 +10,7 @@ from typing import IO
 
 from llmopt.bench.arrivals import ARRIVALS, arrival_times
 from llmopt.bench.client import BenchRequest, RequestRecord
+from llmopt.bench.machine_meter import MachineUse
 from llmopt.bench.self_check import ClientLoad, client_summary
 
 
@@ -102,6 +103,7 @@ class PointResult:
     client: list[ClientLoad] = field(default_factory=list)  # each client process's self-check
     workers: int = 1  # how many processes sent the point's requests
     started: float | None = None  # perf_counter() at the point's start, where records' `start` count from
+    machine: MachineUse | None = None  # what the serving machine spent over it (machine_meter.py)
     saturation: str | None = None  # why --stop-on-saturation ended it (saturation.py), if it did
 
 

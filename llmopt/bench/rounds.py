@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from llmopt.bench.client import RequestRecord
 from llmopt.bench.load_point import PointResult
+from llmopt.bench.machine_meter import MachineUse
 from llmopt.bench.self_check import ClientLoad
 from llmopt.bench.server_metrics import ServerSample
 from llmopt.bench.server_stats import SPEC_COUNTERS, spec_delta
@@ -78,13 +79,14 @@ def measured_from(entry: dict, records: list[dict]) -> Measured:
         ]
         result = dict(data["result"])
         result["client"] = [ClientLoad(**load) for load in result.get("client") or []]
+        result["machine"] = MachineUse(**result["machine"]) if result.get("machine") else None
         runs.append(
             Run(
                 PointResult(mine, **result),
                 {int(k): v for k, v in data["planned_turns"].items()},
                 data["reset"],
                 data["warnings"],
-                [ServerSample(**s) for s in data["samples"]],
+                [ServerSample.from_json(s) for s in data["samples"]],
                 data["repeat"],
             )
         )

@@ -59,6 +59,14 @@ CSV_FIELDS = [
     # Over-saturation (saturation.py): the flag and what held
     "saturated",
     "saturation_reason",
+    # What the serving machine spent (token_cost.py): CPU per 1k output tokens, cores, joules per token
+    "server_cpu_s",
+    "cpu_s_per_1k_tokens",
+    "server_cores",
+    "cpu_source",
+    "energy_j",
+    "joules_per_token",
+    "energy_source",
 ]
 CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 # Multi-turn points' columns, after the metrics: {column: (summary block, field, statistic or None)}.

@@ -2,7 +2,8 @@
 constant, under a concurrency cap), bounded by a request count and a time limit, after warm-up; or a
 multi-turn point of sessions (session.py drives them). In this process (loops.py), or with `workers`
 above 1 from that many processes (workers.py). Every point measures the client itself too
-(self_check.py). The point and its result are load_point.py's."""
+(self_check.py), and with a `meter` what the serving machine spent from its start to its end
+(machine_meter.py). The point and its result are load_point.py's."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.conversation import Conversation
 from llmopt.bench.load_point import Collector, LoadPoint, PointResult, warm_list
 from llmopt.bench.loops import client_session, drive, warm_up
+from llmopt.bench.machine_meter import MachineMeter
 from llmopt.bench.self_check import SelfCheck
 from llmopt.bench.session import drive_sessions
 from llmopt.bench.stop_on_saturation import watching
@@ -28,24 +30,35 @@ async def run_point(
     point_key: str | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    meter: MachineMeter | None = None,
 ) -> PointResult:
     """Drive one load point of single requests (see Collector for what happens to each record)."""
     assert point.sessions is None and point.session_rate is None, "session points run in session.py"
     collect = Collector(point, records_out, point_key, on_record)
     work = [requests[i % len(requests)] for i in range(point.num_requests)]
     if point.workers > 1:
-        return await run_in_workers(target, work, warm_list(point, requests), point, collect, count_tokens)
+        warm = warm_list(point, requests)
+        return await run_in_workers(target, work, warm, point, collect, count_tokens, meter=meter)
     async with client_session(target) as session:
         await warm_up(session, target, point, requests, count_tokens)
+        if meter is not None:  # before t0: its reads (files, a scrape) are no part of the point's time
+            meter.start()
         check = SelfCheck().start()
         t0 = time.perf_counter()
         async with watching(point, collect, t0):  # --stop-on-saturation
             await drive(session, target, work, point, t0, collect.stop, collect, count_tokens)
         wall = time.perf_counter() - t0
         load = check.stop()
+        machine = meter.stop() if meter is not None else None
     stopped = collect.stop[0] if collect.stop else None
     return PointResult(
-        collect.records, wall, stopped, client=[load], started=t0, saturation=collect.saturated
+        collect.records,
+        wall,
+        stopped,
+        client=[load],
+        started=t0,
+        saturation=collect.saturated,
+        machine=machine,
     )
 
 
@@ -59,6 +72,7 @@ async def run_sessions(
     count_tokens: Callable[[str], int] | None = None,
     warmup_requests: list[BenchRequest] | None = None,
     first_session: int = 0,
+    meter: MachineMeter | None = None,
 ) -> PointResult:
     """Run each conversation once as a session of the point; records carry their session (numbered from
     `first_session`: a repeated point's runs number theirs apart) and turn."""
@@ -66,9 +80,13 @@ async def run_sessions(
     collect = Collector(point, records_out, point_key, on_record)
     if point.workers > 1:
         warm = warm_list(point, warmup_requests or [])
-        return await run_in_workers(target, conversations, warm, point, collect, count_tokens, first_session)
+        return await run_in_workers(
+            target, conversations, warm, point, collect, count_tokens, first_session, meter
+        )
     async with client_session(target) as session:
         await warm_up(session, target, point, warmup_requests or [], count_tokens)
+        if meter is not None:
+            meter.start()
         check = SelfCheck().start()
         t0 = time.perf_counter()
         async with watching(point, collect, t0):
@@ -77,7 +95,15 @@ async def run_sessions(
             )
         wall = time.perf_counter() - t0
         load = check.stop()
+        machine = meter.stop() if meter is not None else None
     stopped = collect.stop[0] if collect.stop else None
     return PointResult(
-        collect.records, wall, stopped, used_tools, client=[load], started=t0, saturation=collect.saturated
+        collect.records,
+        wall,
+        stopped,
+        used_tools,
+        client=[load],
+        started=t0,
+        saturation=collect.saturated,
+        machine=machine,
     )

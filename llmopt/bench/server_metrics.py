@@ -1,8 +1,9 @@
 """The server's own view of a load point: its /metrics page scraped every `interval_s` while the point
-runs (running and waiting requests, KV cache use, prefix-cache and speculation counters), so a report can
-show why a point was slow. Read over HTTP with server_stats.py (the bench never imports the server);
-llmopt's names are read first, then vLLM's (and SGLang's), so any of those servers' pages work. A server
-without the page is not sampled, and nothing is said: most paid APIs have none.
+runs (running and waiting requests, KV cache use, prefix-cache, preemption and speculation counters), so
+a report can show why a point was slow. Read over HTTP with server_stats.py (the bench never imports the
+server), with the names of whichever engine serves the page, llmopt's, vLLM's, llama.cpp's or SGLang's,
+into one set of figures (metric_names.py). A server without the page is not sampled, and nothing is
+said: most paid APIs have none.
 
 The scraping runs in a thread of its own, not in the point's event loop, whose timing it would disturb."""
 
@@ -10,53 +11,44 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import httpx
 
+from llmopt.bench.metric_names import read_figures
 from llmopt.bench.server_stats import scrape
 
-# Each figure from the first of its names that the page has: llmopt's, vLLM's (older vLLM's), SGLang's.
-NAMES: dict[str, tuple[str, ...]] = {
-    "running": ("llmopt:num_requests_running", "vllm:num_requests_running", "sglang:num_running_reqs"),
-    "waiting": ("llmopt:num_requests_waiting", "vllm:num_requests_waiting", "sglang:num_queue_reqs"),
-    "kv_blocks_used": ("llmopt:kv_blocks_used",),
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
-    "prefix_queries": (
-        "llmopt:prefix_cache_queries_total",
-        "vllm:prefix_cache_queries_total",
-        "vllm:gpu_prefix_cache_queries_total",
-    ),
-    "prefix_hits": (
-        "llmopt:prefix_cache_hits_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:gpu_prefix_cache_hits_total",
-    ),
-    "spec_draft_tokens": (
-        "llmopt:spec_decode_num_draft_tokens_total",
-        "vllm:spec_decode_num_draft_tokens_total",
-    ),
-    "spec_accepted_tokens": (
-        "llmopt:spec_decode_num_accepted_tokens_total",
-        "vllm:spec_decode_num_accepted_tokens_total",
-    ),
+# Names the samples and summaries of earlier runs used (server_metrics.jsonl, rounds.jsonl, summary.json).
+RENAMED = {
+    "kv_usage": "kv_cache_usage",
+    "kv_usage_mean": "kv_cache_usage_mean",
+    "kv_usage_max": "kv_cache_usage_max",
+    "prefix_hit_rate": "prefix_cache_hit_rate",
 }
-KV_BLOCKS_TOTAL = "llmopt:kv_blocks_total"
+
+
+def renamed(figures: dict) -> dict:
+    """`figures` (a sample, or a summary's server_metrics) with an earlier run's names made today's."""
+    return {RENAMED.get(key, key): value for key, value in figures.items()}
 
 
 @dataclass
 class ServerSample:
     """One scrape. `t`: seconds since the point's start (its first request; the warm-up is before 0).
-    Counters are the server's running totals; the rates are over the interval since the sample before."""
+    Counters are the server's running totals; the rates and counts are over the interval since the
+    sample before. `engine`: whose metric names the page had."""
 
     t: float
+    engine: str | None = None
     running: float | None = None
     waiting: float | None = None
     kv_blocks_used: float | None = None
-    kv_usage: float | None = None  # fraction of the KV cache in use, 0-1
+    kv_cache_usage: float | None = None  # fraction of the KV cache in use, 0-1
     prefix_queries: float | None = None
     prefix_hits: float | None = None
-    prefix_hit_rate: float | None = None  # hits / queries of prompt tokens in the interval
+    prefix_cache_hit_rate: float | None = None  # hits / queries of prompt tokens in the interval
+    preemptions_total: float | None = None
+    preemptions: float | None = None  # requests preempted in the interval
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
     spec_acceptance: float | None = None  # accepted / proposed tokens in the interval
@@ -64,16 +56,20 @@ class ServerSample:
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
+    @classmethod
+    def from_json(cls, data: dict) -> ServerSample:
+        """A sample as to_json wrote it, also an earlier run's (older names; unknown keys left out)."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in renamed(data).items() if k in known})
+
 
 def read_sample(values: dict[str, float], t: float) -> ServerSample | None:
     """The figures of a parsed /metrics page; None when it has none of them (not a serving engine's)."""
-    found = {field: next((values[n] for n in names if n in values), None) for field, names in NAMES.items()}
-    if all(v is None for v in found.values()):
+    read = read_figures(values)
+    if read is None:
         return None
-    sample = ServerSample(t, **found)
-    if sample.kv_usage is None and sample.kv_blocks_used is not None and values.get(KV_BLOCKS_TOTAL):
-        sample.kv_usage = sample.kv_blocks_used / values[KV_BLOCKS_TOTAL]
-    return sample
+    engine, figures = read
+    return ServerSample(t, engine, **figures)
 
 
 def interval_rate(num: str, den: str, before: ServerSample, after: ServerSample) -> float | None:
@@ -86,10 +82,18 @@ def interval_rate(num: str, den: str, before: ServerSample, after: ServerSample)
     return (num_after - num_before) / grown if grown > 0 else None
 
 
+def growth(counter: str, before: ServerSample, after: ServerSample) -> float | None:
+    """How much counter `counter` grew between two samples; None where either lacks it."""
+    a, b = getattr(before, counter), getattr(after, counter)
+    return None if a is None or b is None else b - a
+
+
 def with_rates(samples: list[ServerSample]) -> list[ServerSample]:
-    """`samples` with each one's prefix-cache hit rate and speculation acceptance over its interval."""
+    """`samples` with each one's prefix-cache hit rate, preemptions and speculation acceptance over its
+    interval."""
     for before, after in zip(samples, samples[1:]):
-        after.prefix_hit_rate = interval_rate("prefix_hits", "prefix_queries", before, after)
+        after.prefix_cache_hit_rate = interval_rate("prefix_hits", "prefix_queries", before, after)
+        after.preemptions = growth("preemptions_total", before, after)
         after.spec_acceptance = interval_rate("spec_accepted_tokens", "spec_draft_tokens", before, after)
     return samples
 
@@ -149,8 +153,9 @@ class MetricsSampler:
 
 def summarize_samples(runs: list[tuple[list[ServerSample], float]]) -> dict | None:
     """A point's server figures from the (samples, wall seconds) of each of its runs: gauges over the
-    samples taken while a run sent (0 <= t <= wall), counters' rates from a run's first sample at or
-    after 0 to its last (taken after its last request), summed over the runs. None without samples."""
+    samples taken while a run sent (0 <= t <= wall), counters' growth and rates from a run's first
+    sample at or after 0 to its last (taken after its last request), summed over the runs. A figure the
+    server does not publish is None. None without samples."""
     runs = [(samples, wall) for samples, wall in runs if samples]
     if not runs:
         return None
@@ -166,26 +171,35 @@ def summarize_samples(runs: list[tuple[list[ServerSample], float]]) -> dict | No
 
     return {
         "samples": sum(len(samples) for samples, _ in runs),
+        "engine": next((s.engine for samples, _ in runs for s in samples if s.engine), None),
         "running_mean": mean("running"),
         "running_max": max(values("running"), default=None),
         "waiting_mean": mean("waiting"),
         "waiting_max": max(values("waiting"), default=None),
-        "kv_usage_mean": mean("kv_usage"),
-        "kv_usage_max": max(values("kv_usage"), default=None),
-        "prefix_hit_rate": pooled_rate("prefix_hits", "prefix_queries", runs),
+        "kv_cache_usage_mean": mean("kv_cache_usage"),
+        "kv_cache_usage_max": max(values("kv_cache_usage"), default=None),
+        "prefix_cache_hit_rate": pooled_rate("prefix_hits", "prefix_queries", runs),
+        "preemptions": pooled_growth("preemptions_total", runs),
         "spec_acceptance": pooled_rate("spec_accepted_tokens", "spec_draft_tokens", runs),
     }
 
 
+def run_growth(counter: str, samples: list[ServerSample]) -> float | None:
+    """How much `counter` grew over one run: from its first sample at or after its start to its last."""
+    measured = [s for s in samples if s.t >= 0]
+    first, last = (measured[0], measured[-1]) if len(measured) > 1 else (samples[0], samples[-1])
+    return growth(counter, first, last)
+
+
+def pooled_growth(counter: str, runs: list[tuple[list[ServerSample], float]]) -> float | None:
+    """`counter`'s growth summed over the runs; None when no run's samples had it."""
+    grown = [g for samples, _ in runs if (g := run_growth(counter, samples)) is not None]
+    return sum(grown) if grown else None
+
+
 def pooled_rate(num: str, den: str, runs: list[tuple[list[ServerSample], float]]) -> float | None:
-    """Counter `num`'s growth over counter `den`'s across the runs (each from its first sample at or
-    after its start to its last); None when `den` did not grow."""
-    grown = {num: 0.0, den: 0.0}
-    for samples, _ in runs:
-        measured = [s for s in samples if s.t >= 0]
-        first, last = (measured[0], measured[-1]) if len(measured) > 1 else (samples[0], samples[-1])
-        for field in grown:
-            a, b = getattr(first, field), getattr(last, field)
-            if a is not None and b is not None:
-                grown[field] += b - a
-    return grown[num] / grown[den] if grown[den] > 0 else None
+    """Counter `num`'s growth over counter `den`'s across the runs; None when `den` did not grow."""
+    num_grown, den_grown = pooled_growth(num, runs), pooled_growth(den, runs)
+    if num_grown is None or not den_grown or den_grown <= 0:
+        return None
+    return num_grown / den_grown

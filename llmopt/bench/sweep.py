@@ -31,6 +31,7 @@ from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.launcher import LocalServer
 from llmopt.bench.load_point import LoadPoint, PointResult, client_fields
+from llmopt.bench.machine_meter import machine_meter
 from llmopt.bench.metrics import parse_slo, summarize
 from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
 from llmopt.bench.quantized_serve import prepare_servers
@@ -54,6 +55,7 @@ from llmopt.bench.server_stats import scrape_spec_counters, spec_delta
 from llmopt.bench.session_metrics import summarize_sessions
 from llmopt.bench.steady_state import steady_state
 from llmopt.bench.stop_on_saturation import skip_reason
+from llmopt.bench.token_cost import token_cost_fields
 from llmopt.bench.token_count import TokenCounter, tokenize_url
 from llmopt.bench.workload import (
     REPEATING_WORKLOADS,
@@ -334,6 +336,7 @@ def serving(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> Iterator
             config.ignore_eos,
             config.request_timeout,
             config.connection_reuse,
+            server_pid=server.pid if server is not None else None,
         )
     finally:
         if server is not None:
@@ -450,6 +453,7 @@ def summarize_runs(
             "server_metrics": summarize_samples([(run.samples, run.result.wall_s) for run in runs]),
             **client_fields([run.result for run in runs]),
             **saturation_fields(point, [run.result for run in runs]),
+            **token_cost_fields([run.result.machine for run in runs], summary["output_tokens"]),
         }
     )
     return summary
@@ -495,7 +499,10 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
                     config, tokenizer, prompt_len, output_len, seed + 1, point.warmup
                 )
             progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
-            result = asyncio.run(run_point(target, requests, point, sweep.records_out, key, progress, count))
+            meter = machine_meter(target)
+            result = asyncio.run(
+                run_point(target, requests, point, sweep.records_out, key, progress, count, meter)
+            )
         ended = time.perf_counter()
     # Sample times count from the point's start, as its records' do (else from where it must have been).
     samples = sampler.samples(result.started if result.started is not None else ended - result.wall_s)
@@ -536,8 +543,11 @@ def run_sessions_cell(
     if sweep.on_point_start:
         progress = sweep.on_point_start(key, dataclasses.replace(point, num_requests=planned))
     first = repeat * len(conversations)  # each run's sessions numbered apart
+    meter = machine_meter(target)
     result = asyncio.run(
-        run_sessions(target, conversations, point, sweep.records_out, key, progress, count, warm, first)
+        run_sessions(
+            target, conversations, point, sweep.records_out, key, progress, count, warm, first, meter
+        )
     )
     return result, {first + i: len(c.turns) for i, c in enumerate(conversations)}
 

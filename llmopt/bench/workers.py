@@ -41,6 +41,7 @@ from llmopt.bench.conversation import Conversation
 from llmopt.bench.errors import BenchError
 from llmopt.bench.load_point import Collector, LoadPoint, PointResult
 from llmopt.bench.loops import client_session, drive, warm_up
+from llmopt.bench.machine_meter import MachineMeter
 from llmopt.bench.self_check import SelfCheck
 from llmopt.bench.session import drive_sessions
 from llmopt.bench.stop_on_saturation import watching
@@ -112,9 +113,10 @@ async def run_in_workers(
     collect: Collector,
     count_tokens: Callable[[str], int] | None,
     first_session: int = 0,
+    meter: MachineMeter | None = None,
 ) -> PointResult:
     """Run the point's `work` (requests, or a multi-turn point's conversations) from `point.workers`
-    processes; every record goes to `collect`."""
+    processes; every record goes to `collect`. `meter` runs from the go to the last worker's end."""
     ctx = mp.get_context("spawn")
     values = (ctx.Value("d", 0.0), ctx.Value("q", 0), ctx.Value("q", 0))
     channel = Channel(ctx.Queue(), ctx.Event(), ctx.Event(), *values)
@@ -132,11 +134,14 @@ async def run_in_workers(
         for proc in procs:
             proc.start()
         await receive(channel, procs, collect, "ready")
+        if meter is not None:  # START_LEAD_S early: the workers wait for the start, sending nothing
+            meter.start()
         channel.start_at.value = time.time() + START_LEAD_S
         started = time.perf_counter() + START_LEAD_S  # the common start on this process's clock
         channel.go.set()
         async with watching(point, collect, started):  # --stop-on-saturation: over every worker's records
             done = await receive(channel, procs, collect, "done")
+        machine = meter.stop() if meter is not None else None
     finally:
         channel.stop.set()
         for proc in (p for p in procs if p.pid is not None):  # started ones only
@@ -157,6 +162,7 @@ async def run_in_workers(
         workers=len(plan),
         started=started,
         saturation=collect.saturated,
+        machine=machine,
     )
 
 

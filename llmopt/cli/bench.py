@@ -22,6 +22,7 @@ from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list
 from llmopt.cli.render import client_warning, natural_width, results_table
+from llmopt.report.machine_cost import cost_source_lines
 
 # The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
 # (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the
@@ -317,6 +318,8 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
         table = results_table(points, f"p{max(config.percentiles):g}")
         wide = Console(width=None if console.is_terminal else natural_width(table))  # a file or pipe: all
         wide.print(table)
+        for line in cost_source_lines(points):  # why a CPU or energy cell reads "-"
+            wide.print(line, style="dim", markup=False)
         # Imported here: the report pulls in matplotlib, which every other command would pay for.
         from llmopt.report.html import write_report
 

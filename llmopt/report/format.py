@@ -78,6 +78,12 @@ POINT_COLUMNS = [
     # The requests whose latencies count (bench/steady_state.py), and whether the point saturated
     PointColumn("steady", "steady_state", "kept", report_header="steady state", unit="requests"),
     PointColumn("sat", "saturated", flag=True, report_header="saturated"),
+    # The serving machine's cost of a token (bench/token_cost.py): "-" where it could not be read
+    PointColumn(
+        "CPU s/1k tok", "cpu_s_per_1k_tokens", digits=2, report_header="server CPU", unit="s per 1k out"
+    ),
+    PointColumn("cores", "server_cores", digits=2, report_header="server cores", unit="CPU s / s"),
+    PointColumn("J/tok", "joules_per_token", digits=3, report_header="energy", unit="J per out token"),
 ]
 
 

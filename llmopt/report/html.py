@@ -20,6 +20,7 @@ from llmopt.report.data import Run, load_run
 from llmopt.report.format import fmt, point_columns
 from llmopt.report.headline import HEADERS as HEADLINE_HEADERS
 from llmopt.report.headline import headlines
+from llmopt.report.machine_cost import cost_source_lines
 from llmopt.report.point_notes import point_notes
 from llmopt.report.quantization import HEADERS as QUANTIZATION_HEADERS
 from llmopt.report.quantization import quantization_sections
@@ -194,6 +195,7 @@ def render(runs: list[Run], pricing: Path | None, checks: list[Check] | None = N
         point_headers=POINT_HEADERS,
         point_rows=point_rows,
         point_notes=point_notes,
+        cost_source_lines=cost_source_lines,
         session_headers=SESSION_HEADERS,
         session_rows=session_rows,
         deltas=deltas(runs) if len(runs) > 1 else [],

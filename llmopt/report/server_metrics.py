@@ -2,13 +2,16 @@
 /metrics sampled by the bench, bench/server_metrics.py) as a table row per point, and for the busiest
 points its running and waiting requests, KV cache use, prefix-cache hit rate and speculation acceptance
 over time, drawn beside the client's per-request timeline of the same point: a point that was slow
-shows whether requests queued, the KV cache filled, or the cache missed."""
+shows whether requests queued, the KV cache filled, or the cache missed. Every engine's figures are in
+the bench's one set of names (bench/metric_names.py), so llmopt, vLLM and llama.cpp points share one
+table; a figure an engine does not publish reads "-"."""
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.server_metrics import renamed
 from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
 from llmopt.report.plots import draw_timeline, to_svg
@@ -17,34 +20,35 @@ HEADERS = [
     "server",
     "in (tokens)",
     "load",
+    "metrics of",
     "samples",
     "running mean (requests)",
     "running max (requests)",
     "waiting max (requests)",
-    "KV cache used mean (%)",
-    "KV cache used max (%)",
+    "KV cache usage mean (%)",
+    "KV cache usage max (%)",
     "prefix-cache hit rate (%)",
+    "preemptions (requests)",
     "spec acceptance (%)",
 ]
-
-SHARES = ("kv_usage_mean", "kv_usage_max", "prefix_hit_rate", "spec_acceptance")
 
 
 def percent(value: float | None) -> str:
     return fmt(None if value is None else 100 * value, 1)
 
 
+def server_metric_row(point: dict, m: dict) -> list[str]:
+    """One point's row from its summary's server figures `m` (today's names)."""
+    counts = [fmt(m.get("running_mean"), 1), fmt(m.get("running_max"), 0), fmt(m.get("waiting_max"), 0)]
+    usage = [percent(m.get("kv_cache_usage_mean")), percent(m.get("kv_cache_usage_max"))]
+    rates = [percent(m.get("prefix_cache_hit_rate")), fmt(m.get("preemptions"), 0)]
+    name = [point["server"], str(point["prompt_len"]), point["load"], m.get("engine") or "-"]
+    return [*name, str(m["samples"]), *counts, *usage, *rates, percent(m.get("spec_acceptance"))]
+
+
 def server_metric_rows(run: Run) -> list[list[str]]:
-    """A row per point whose server was sampled."""
-    rows = []
-    for p in run.points:
-        m = p.get("server_metrics")
-        if not m:
-            continue
-        counts = [fmt(m["running_mean"], 1), fmt(m["running_max"], 0), fmt(m["waiting_max"], 0)]
-        shares = [percent(m[k]) for k in SHARES]
-        rows.append([p["server"], str(p["prompt_len"]), p["load"], str(m["samples"]), *counts, *shares])
-    return rows
+    """A row per point whose server was sampled, whichever engine it was."""
+    return [server_metric_row(p, renamed(p["server_metrics"])) for p in run.points if p.get("server_metrics")]
 
 
 def samples_of(run: Run) -> dict[str, list[dict]]:
@@ -53,7 +57,7 @@ def samples_of(run: Run) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for sample in RunDir(run.path).read_server_metrics():
         if sample.get("run", 0) == 0:
-            out.setdefault(sample["point"], []).append(sample)
+            out.setdefault(sample["point"], []).append(renamed(sample))
     return out
 
 
@@ -100,8 +104,8 @@ def figure(runs: list[Run], max_points: int = 4) -> str | None:
         ax_queue.set_ylabel("requests")
         ax_queue.set_title("server: requests running and waiting", fontsize=9)
         for field, label in (
-            ("kv_usage", "KV cache used"),
-            ("prefix_hit_rate", "prefix-cache hit rate"),
+            ("kv_cache_usage", "KV cache usage"),
+            ("prefix_cache_hit_rate", "prefix-cache hit rate"),
             ("spec_acceptance", "spec acceptance"),
         ):
             xs, ys = series(samples, field, 100)

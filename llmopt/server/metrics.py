@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llmopt.engine.llm_engine import LLMEngine
@@ -137,6 +137,9 @@ class ServerMetrics:
     def __init__(self, engine: LLMEngine, model_name: str):
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model_name))
+        # process_cpu_seconds_total and the like, as a default Prometheus registry has them: a bench run
+        # against this server from elsewhere reads its CPU time per token from them (bench/machine_meter.py).
+        ProcessCollector(registry=self.registry)
         self.ttft = BothNames(
             self.registry, "time_to_first_token_seconds", "Time to first token.", model_name
         )

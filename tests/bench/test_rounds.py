@@ -35,6 +35,7 @@ class TakingTurns:
 
     endpoint: Endpoint | None = None  # set by the fixture
     starts: list[tuple[str, int]] = []
+    pid = None  # no process of its own: the scripted endpoint runs in the test's
 
     def __init__(self, command, ready_timeout_s: float, log_path: Path, env: dict | None = None):
         argv = command(8123)

@@ -19,6 +19,7 @@ POINT_FIELDS = {
         "successful",
         "failed",
         "reconnects",
+        *("structured_valid", "structured_truncated", "structured_invalid"),
         "duration_s",
         "request_throughput",
         "output_throughput",
@@ -31,6 +32,8 @@ POINT_FIELDS = {
     *("token_source", "replay_speed"),
     *("client", "client_limited"),
     *("saturated", "saturation_reason", "saturation", "steady_state"),
+    *("server_cpu_s", "server_cores", "cpu_s_per_1k_tokens", "cpu_source"),
+    *("energy_j", "joules_per_token", "energy_source", "energy_domains"),
 }
 
 

@@ -57,6 +57,7 @@ class FakeServer:
 
     started: list[FakeServer] = []
     url = ""  # the scripted endpoint's, set by the test
+    pid = None  # no process of its own: the scripted endpoint runs in the test's
 
     def __init__(self, command, ready_timeout_s: float, log_path: Path, env: dict | None = None):
         self.command, self.env, self.url = command(8123), env, FakeServer.url

@@ -14,7 +14,7 @@ import pytest
 from llmopt.bench.config import BenchConfig
 from llmopt.bench.errors import BenchError
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.server_metrics import read_sample
+from llmopt.bench.server_metrics import ServerSample, read_sample
 from llmopt.bench.server_stats import parse_metrics
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
@@ -66,11 +66,11 @@ def test_read_sample_takes_llmopt_names_then_vllms():
     )
     sample = read_sample(llmopt, 1.5)
     assert (sample.t, sample.running, sample.waiting, sample.kv_blocks_used) == (1.5, 3, 1, 12)
-    assert sample.kv_usage == 0.25  # 12 of 48 blocks
+    assert sample.kv_cache_usage == 0.25  # 12 of 48 blocks
     vllm = read_sample(
         parse_metrics(VLLM_PAGE.format(n=2, waiting=0, usage=0.5, queries=0, hits=0, drafts=0, accepted=0)), 0
     )
-    assert (vllm.running, vllm.kv_usage, vllm.kv_blocks_used) == (2, 0.5, None)
+    assert (vllm.running, vllm.kv_cache_usage, vllm.kv_blocks_used) == (2, 0.5, None)
     assert read_sample(parse_metrics("process_cpu_seconds_total 4\n"), 0) is None  # no engine's page
 
 
@@ -81,20 +81,25 @@ def test_each_point_samples_the_servers_metrics_page(openai_endpoint, tokenizer,
     samples = RunDir(tmp_path / "r").read_server_metrics()
     assert len(samples) >= 5 and point["server_metrics"]["samples"] == len(samples)
     assert {s["point"] for s in samples} == {point["key"]} and {s["run"] for s in samples} == {0}
-    # One line per scrape, in order: the page's n-th values, times rising from the point's start.
-    assert [s["running"] for s in samples] == list(range(1, len(samples) + 1))
-    assert all(s["waiting"] == 2 * s["running"] and s["kv_usage"] == s["running"] / 100 for s in samples)
+    # One line per scrape, in order: the page's n-th values (the machine meter's own scrapes of the page, at
+    # the point's start and end, are no samples), times rising from the point's start.
+    running = [s["running"] for s in samples]
+    assert running == sorted(set(running)) and running[0] == 1 and running[-1] <= len(samples) + 2
+    assert all(
+        s["waiting"] == 2 * s["running"] and s["kv_cache_usage"] == s["running"] / 100 for s in samples
+    )
     times = [s["t"] for s in samples]
     assert times == sorted(times) and times[0] < 0.05 and 0.3 < times[-1] < 5
     # Rates over each interval from the counters: 40 of 100 tokens hit, 7 of 10 proposals accepted.
-    assert "prefix_hit_rate" not in samples[0]  # the first has no interval before it
-    assert all(s["prefix_hit_rate"] == 0.4 and s["spec_acceptance"] == 0.7 for s in samples[1:])
+    assert "prefix_cache_hit_rate" not in samples[0]  # the first has no interval before it
+    assert all(s["prefix_cache_hit_rate"] == 0.4 and s["spec_acceptance"] == 0.7 for s in samples[1:])
     summary = point["server_metrics"]
-    assert summary["prefix_hit_rate"] == pytest.approx(0.4) and summary["spec_acceptance"] == pytest.approx(
-        0.7
-    )
+    assert summary["prefix_cache_hit_rate"] == pytest.approx(0.4) and summary[
+        "spec_acceptance"
+    ] == pytest.approx(0.7)
     assert 1 <= summary["running_mean"] <= summary["running_max"] <= len(samples)
     assert summary["waiting_max"] == 2 * summary["running_max"]
+    assert summary["engine"] == "vllm" and summary["preemptions"] is None  # the page has no such counter
 
 
 @pytest.mark.slow
@@ -106,7 +111,24 @@ def test_no_page_or_interval_zero_samples_nothing(openai_endpoint, tokenizer, tm
     [point] = run_sweep(
         rate_config(openai_endpoint.url, metrics_interval=0), tmp_path / "off", False, tokenizer
     )
-    assert point["server_metrics"] is None and page.scrapes == 0
+    assert point["server_metrics"] is None and not RunDir(tmp_path / "off").server_metrics.exists()
+    # Only the machine meter looked, once, for a CPU counter (token_cost.py): the page has none.
+    assert (
+        page.scrapes == 1 and point["cpu_source"] == "no process_cpu_seconds_total on the server's /metrics"
+    )
+
+
+def test_an_earlier_runs_samples_read_with_todays_names():
+    """rounds.jsonl of a run written before the names were the canonical ones: --resume still reads it."""
+    old = {"t": 0.5, "running": 2, "kv_usage": 0.5, "prefix_hit_rate": 0.25, "a_later_field": 1}
+    sample = ServerSample.from_json(old)
+    assert (sample.t, sample.running, sample.kv_cache_usage, sample.prefix_cache_hit_rate) == (
+        0.5,
+        2,
+        0.5,
+        0.25,
+    )
+    assert ServerSample.from_json(sample.to_json()) == sample
 
 
 def test_resume_keeps_only_the_samples_of_finished_points(tmp_path):
@@ -173,4 +195,4 @@ def test_the_live_server_counts_its_running_requests(server, tmp_path):
     [point] = json.loads((tmp_path / "m" / "summary.json").read_text())["points"]
     samples = RunDir(tmp_path / "m").read_server_metrics()
     assert max(s["running"] for s in samples) >= 1 and point["server_metrics"]["running_max"] >= 1
-    assert all(0 <= s["kv_usage"] <= 1 for s in samples) and "prefix_queries" in samples[-1]
+    assert all(0 <= s["kv_cache_usage"] <= 1 for s in samples) and "prefix_queries" in samples[-1]

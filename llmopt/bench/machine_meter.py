@@ -1,0 +1,113 @@
+"""What a run of a point cost the serving machine in its own terms: the server's CPU seconds and the
+machine's joules between the point's start and end, read at both (the warm-up is before the start).
+
+The CPU time is the server's process tree's (process_cpu.py) when the bench started the server itself;
+for any other server, the growth of `process_cpu_seconds_total` where its /metrics page has it (the
+process that serves the page: vLLM's engine core runs in another one, so for a vLLM endpoint it is a
+lower bound); else None, with the reason. The energy is the machine's RAPL counters (rapl.py), read only
+when the server runs on this machine (started here, or on a loopback address): it is the whole
+machine's, the bench client's share included. Never a guess: without a counter the figure is None and
+`energy_source` / `cpu_source` say why."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from llmopt.bench.client import Target
+from llmopt.bench.process_cpu import cpu_reader_name, tree_cpu_seconds
+from llmopt.bench.rapl import RaplMeter, find_zones
+from llmopt.bench.server_stats import scrape
+
+PROCESS_CPU = "process_cpu_seconds_total"
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass
+class MachineUse:
+    """One run's reading: seconds between start and stop, the server's CPU seconds and the machine's
+    joules over them (None: not available, for the reason in the source)."""
+
+    wall_s: float
+    cpu_s: float | None
+    cpu_source: str  # "process tree (psutil)", "process tree (/proc)", PROCESS_CPU, or why none
+    energy_j: float | None
+    energy_source: str  # "rapl", or why none
+    energy_domains: list[str] | None = None  # the RAPL zones summed (package-0, dram, ...)
+
+
+class TreeCpu:
+    """The CPU seconds of a server process the bench started, and of its children."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.source = f"process tree ({cpu_reader_name()})"
+
+    def read(self) -> float | None:
+        return tree_cpu_seconds(self.pid)
+
+
+class MetricsCpu:
+    """A server's own `process_cpu_seconds_total`, scraped from its /metrics page."""
+
+    source = PROCESS_CPU
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0):
+        self.base_url, self.timeout_s = base_url, timeout_s
+
+    def read(self) -> float | None:
+        return scrape(self.base_url, self.timeout_s).get(PROCESS_CPU)
+
+
+class MachineMeter:
+    """`start()` at a point's start and `stop()` at its end give the run's MachineUse."""
+
+    def __init__(self, cpu: TreeCpu | MetricsCpu, energy: RaplMeter | None, energy_reason: str | None):
+        self.cpu, self.energy, self.energy_reason = cpu, energy, energy_reason
+        self._t0 = 0.0
+        self._cpu0: float | None = None
+
+    def start(self) -> None:
+        if self.energy is not None:
+            self.energy.start()
+        self._cpu0 = self.cpu.read()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> MachineUse:
+        wall = time.perf_counter() - self._t0
+        cpu1 = self.cpu.read() if self._cpu0 is not None else None  # not there at the start: not asked again
+        joules = self.energy.stop() if self.energy is not None else None
+        return MachineUse(wall, *self._cpu(cpu1), *self._energy(joules))
+
+    def _cpu(self, cpu1: float | None) -> tuple[float | None, str]:
+        if self._cpu0 is None or cpu1 is None:
+            return None, self.unavailable_cpu()
+        return max(0.0, cpu1 - self._cpu0), self.cpu.source
+
+    def unavailable_cpu(self) -> str:
+        if isinstance(self.cpu, TreeCpu):
+            return "the server's process could not be read (it ended?)"
+        return f"no {PROCESS_CPU} on the server's /metrics"
+
+    def _energy(self, joules: float | None) -> tuple[float | None, str, list[str] | None]:
+        if self.energy is None:
+            return None, self.energy_reason or "not available here", None
+        if joules is None:
+            return None, "a RAPL counter could not be read again", self.energy.domains
+        return joules, "rapl", self.energy.domains
+
+
+def on_this_machine(target: Target) -> bool:
+    """Whether the target's server runs here: the bench started it, or it answers on a loopback address."""
+    return target.server_pid is not None or urlsplit(target.endpoint).hostname in LOOPBACK
+
+
+def machine_meter(target: Target) -> MachineMeter:
+    """The meter for one run of a point against `target`."""
+    base_url = target.endpoint.rstrip("/").removesuffix("/v1")
+    cpu = TreeCpu(target.server_pid) if target.server_pid is not None else MetricsCpu(base_url)
+    if not on_this_machine(target):
+        return MachineMeter(cpu, None, "the server runs on another machine")
+    zones, reason = find_zones()
+    return MachineMeter(cpu, RaplMeter(zones) if zones else None, reason)
