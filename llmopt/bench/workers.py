@@ -176,8 +176,6 @@ async def receive(channel: Channel, procs: list, collect: Collector, until: str)
         for kind, number, payload in batch:
             if kind == "record":
                 collect(payload)
-                if collect.stop:
-                    channel.stop.set()
             elif kind == "error":
                 raise BenchError(f"bench worker {number} failed:\n{payload}")
             elif kind == until:
