@@ -4,10 +4,11 @@ and prefix caching's effect on time to first token. Prints a table and writes re
     .venv/bin/python benchmarks/engine_throughput.py [--requests 64] [--prompt-len 128] [--output-len 128]
         [--concurrency 1,4,16] [--repeats 2] [--prefix-turns 5]
 
-Throughput runs keep prefix caching on (the engine's default, as `llmopt serve` runs) and give every
-point of every round prompts of their own, cut from text no earlier prompt used: no run is served from
-an earlier one's cache, and the table counts the prompt tokens that came from the cache anyway. Prefix
-caching itself is measured only in its own section, on and off, with a fresh shared prefix every turn.
+Both sides are warmed up first, on prompts no run reuses. Throughput runs keep prefix caching on (the
+engine's default, as `llmopt serve` runs) and give every point of every round prompts of their own,
+cut from text no earlier prompt used: no run is served from an earlier one's cache, and the table counts
+the prompt tokens that came from the cache anyway. Prefix caching itself is measured only in its own
+section, on and off, with a fresh shared prefix every turn.
 """
 
 from __future__ import annotations
@@ -59,10 +60,17 @@ def run_engine(engine: LLMEngine, prompts: list[list[int]], output_len: int) -> 
     }
 
 
-def run_transformers(model_dir: Path, prompts: list[list[int]], output_len: int, batch: int) -> dict:
+def load_transformers(model_dir: Path, warmup: list[list[int]]):
+    """transformers' model, loaded once and warmed up as the engine is (its first generate pays lazy
+    set-up that no later one does), on prompts no run reuses."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    run_transformers(model, warmup, 8, len(warmup))
+    return model
+
+
+def run_transformers(model, prompts: list[list[int]], output_len: int, batch: int) -> dict:
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
@@ -174,7 +182,7 @@ def check_corpus(args: argparse.Namespace, cursor: CorpusCursor) -> None:
 
 
 def throughput_rounds(
-    engine: LLMEngine, model_dir: Path, cursor: CorpusCursor, args: argparse.Namespace, console: Console
+    engine: LLMEngine, hf_model, cursor: CorpusCursor, args: argparse.Namespace, console: Console
 ) -> dict[str, dict]:
     """Every configuration once per round, taking turns (a different one first each round), on prompts
     of its own; the fastest run of each is kept, with every run's tok/s beside it."""
@@ -188,7 +196,7 @@ def throughput_rounds(
         for name in rotated(names, repeat):
             console.print(f"[{repeat + 1}/{args.repeats}] {name} ...")
             if name == hf_name:
-                runs[name].append(run_transformers(model_dir, prompts[name], args.output_len, args.hf_batch))
+                runs[name].append(run_transformers(hf_model, prompts[name], args.output_len, args.hf_batch))
             else:
                 engine.scheduler.max_num_seqs = int(name.split("=")[1])
                 runs[name].append(run_engine(engine, prompts[name], args.output_len))
@@ -242,7 +250,9 @@ def main() -> None:
     cursor = CorpusCursor(engine.tokenizer)
     check_corpus(args, cursor)
     run_engine(engine, cursor.prompts(2, args.prompt_len), 8)  # warm-up, on prompts no run reuses
-    rows = throughput_rounds(engine, model_dir, cursor, args, console)
+    hf_model = load_transformers(model_dir, cursor.prompts(2, args.prompt_len))
+    rows = throughput_rounds(engine, hf_model, cursor, args, console)
+    del hf_model
     bandwidth = read_bandwidth_gbs()
     model_bytes = bytes_per_decode_token(engine)
     del engine

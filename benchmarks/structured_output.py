@@ -1,8 +1,10 @@
 """Structured outputs' cost and forced tokens' gain, in one engine and one run: tok/s of free text
 against a JSON schema of 10 fixed keys, with forced tokens off and on, at batch 1 and 8. Greedy. The
 subjects take turns (a different one first each round) over --rounds rounds and the best round is kept
-(the min-max shown); every point of every round gets prompts of its own (a passage of corpus text no
-earlier prompt used), so nothing is served from the prefix cache. Writes results/structured_output.json.
+(the min-max shown). Every round gets prompts of its own (passages of corpus text no earlier prompt
+used), the same for every subject of the round, with the prefix cache reset before each subject: all
+answer the same prompts (forced tokens on and off give the same greedy answer) and none is served from
+the cache. Writes results/structured_output.json.
 
     .venv/bin/python benchmarks/structured_output.py [--rounds 2] [--requests 2] [--passage-len 64]
 
@@ -126,19 +128,27 @@ def run_point(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
     }
 
 
+def round_prompts(engine: LLMEngine, cursor: CorpusCursor, count: int, passage_len: int) -> list[list[int]]:
+    """A round's prompts, every subject's: fresh corpus passages, each asking for the schema's keys."""
+    _, ask = subject_params(SUBJECTS[0], 1)
+    prompts = []
+    for _ in range(count):
+        passage = engine.tokenizer.decode(cursor.take(passage_len), skip_special_tokens=True)
+        message = f"Here is a passage:\n\n{passage}\n\n{ask}"
+        prompts.append(engine.chat_token_ids([{"role": "user", "content": message}]))
+    return prompts
+
+
 def measure(engine: LLMEngine, cursor: CorpusCursor, args, console: Console) -> dict[str, dict]:
     results: dict[str, dict] = {}
     rounds: dict[str, list[float]] = {}
     for batch in (1, 8):
         count = args.requests * batch
         for round_index in range(args.rounds):
+            prompts = round_prompts(engine, cursor, count, args.passage_len)
             for subject in rotated(list(SUBJECTS), round_index):
-                params, ask = subject_params(subject, args.free_tokens)
-                prompts = []
-                for _ in range(count):  # fresh text for every point of every round
-                    passage = engine.tokenizer.decode(cursor.take(args.passage_len), skip_special_tokens=True)
-                    message = f"Here is a passage:\n\n{passage}\n\n{ask}"
-                    prompts.append(engine.chat_token_ids([{"role": "user", "content": message}]))
+                params, _ = subject_params(subject, args.free_tokens)
+                engine.reset_prefix_cache()  # the same prompts for every subject, none served from cache
                 point = run_point(engine, prompts, params, batch)
                 key = f"{subject}|{batch}"
                 rounds.setdefault(key, []).append(point["tok_s"])
