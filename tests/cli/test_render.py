@@ -54,41 +54,60 @@ def cells(table: Table) -> list[list[str]]:
     return [list(row) for row in zip(*(col._cells for col in table.columns))]
 
 
+def by_header(table: Table) -> dict[str, str]:
+    """The one row of a table, by column header."""
+    [row] = cells(table)
+    return dict(zip((c.header for c in table.columns), row))
+
+
 def test_results_table_headers_and_cells():
     table = results_table([POINT], "p90")
-    assert [c.header for c in table.columns] == [
-        "server", "prompt", "output", "load", "ok", "failed", "reconn", "req/s", "out tok/s", "total tok/s",
-        "TTFT med", "TTFT p90", "TPOT med", "ITL med", "ITL p90", "E2E med", "goodput",
+    headers = [c.header for c in table.columns]
+    assert headers[:7] == ["server", "prompt", "output", "load", "ok", "failed", "reconn"]
+    assert headers[9:19] == [
+        "req/s", "out tok/s", "total tok/s", "TTFT med", "TTFT p90", "TPOT med", "ITL med", "ITL p90",
+        "E2E med", "goodput",
     ]  # fmt: skip
-    assert cells(table) == [
-        [
-            "llmopt", "128", "32", "c=4", "40", "2", "1", "3.14", "1,234.6", "5,678.9",
-            "101", "151", "12.3", "11.1", "20.0", "880", "2.50",
-        ]
+    row = by_header(table)
+    assert [row[h] for h in headers[:19]] == [
+        "llmopt", "128", "32", "c=4", "40", "2", "1", "-", "-", "3.14", "1,234.6", "5,678.9",
+        "101", "151", "12.3", "11.1", "20.0", "880", "2.50",
     ]  # fmt: skip
+    assert (row["JSON cut"], row["JSON bad"]) == ("-", "-")  # no structured requests in this point
     assert [c.justify for c in table.columns][:5] == ["left", "right", "right", "left", "right"]
     assert "1,234.6" in text(table)
+
+
+def test_results_table_counts_structured_answers():
+    point = {**POINT, "structured_valid": 5, "structured_truncated": 2, "structured_invalid": 1}
+    row = by_header(results_table([point]))
+    assert (row["JSON cut"], row["JSON bad"]) == ("2", "1")
 
 
 def test_results_table_without_goodput_or_latencies_shows_dashes():
     point = {**POINT, "ttft_ms": latency(None, None, None), "itl_ms": {"median": None}}
     del point["goodput"]
-    [row] = cells(results_table([point]))
-    assert row[10:12] == ["-", "-"] and row[14] == "-" and row[-1] == "-"
+    row = by_header(results_table([point]))
+    assert [row[h] for h in ("TTFT med", "TTFT p99", "ITL med", "goodput")] == ["-"] * 4
 
 
 def test_report_point_table_is_the_console_table_less_its_extra_columns():
-    assert POINT_HEADERS == [
+    assert POINT_HEADERS[:11] == [
         "server", "in (tokens)", "out (tokens)", "load", "ok (requests)", "failed (requests)",
-        "reconnects (requests)", "req/s",
-        "out tok/s", "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)",
-        "E2E med (ms)", "goodput (req/s)",
+        "reconnects (requests)", "JSON truncated (requests)", "JSON invalid (requests)", "req/s", "out tok/s",
+    ]  # fmt: skip
+    assert POINT_HEADERS[11:18] == [
+        "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)", "E2E med (ms)",
+        "goodput (req/s)",
     ]  # fmt: skip
     run = Run("r", None, {}, [POINT], [])
     [row] = point_rows(run)
-    [console_row] = cells(results_table([POINT], "p99"))
-    assert row == console_row[:9] + console_row[10:]
-    assert row[10] == "200" and row[13] == "33.3"  # the p99 columns
+    console = results_table([POINT], "p99")
+    [console_row] = cells(console)
+    total = [c.header for c in console.columns].index("total tok/s")  # console only
+    assert row == console_row[:total] + console_row[total + 1 :]
+    report = dict(zip(POINT_HEADERS, row))
+    assert report["TTFT p99 (ms)"] == "200" and report["ITL p99 (ms)"] == "33.3"
 
 
 def test_cost_tables():
