@@ -91,6 +91,16 @@ def throughputs(records: list[RequestRecord], span_s: float) -> dict[str, float]
     }
 
 
+def tokens_per_chunk(records: list[RequestRecord]) -> float | None:
+    """Output tokens per streamed content chunk: llmopt and vLLM send a decode step's tokens in one chunk,
+    so with speculative decoding this is the client's estimate of tokens per decode step (1 + accepted
+    proposals per step), 1.0 without it. None where no answer came in more than one chunk (not streamed)."""
+    streamed = [r for r in records if r.ttft is not None]
+    if not any(r.itl for r in streamed):
+        return None
+    return sum(r.output_tokens for r in streamed) / sum(1 + len(r.itl) for r in streamed)
+
+
 def summarize(
     records: list[RequestRecord],
     wall_s: float,
@@ -120,6 +130,7 @@ def summarize(
         "token_source": token_source(ok),
         "ttft_ms": distribution([r.ttft for r in latency], percentiles),
         "tpot_ms": distribution([t for r in latency if (t := tpot(r)) is not None], percentiles),
+        "tokens_per_chunk": tokens_per_chunk(ok),
         "itl_ms": distribution([g for r in latency for g in r.itl], percentiles),
         "e2e_ms": distribution([r.e2e for r in latency], percentiles),
         "errors": sorted({r.error for r in records if r.error})[:10],

@@ -55,6 +55,7 @@ CSV_FIELDS = [
     "request_throughput",
     "output_throughput",
     "total_token_throughput",
+    "tokens_per_chunk",
     "goodput",
     # Over-saturation (saturation.py): the flag and what held
     "saturated",

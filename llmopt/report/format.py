@@ -73,6 +73,8 @@ POINT_COLUMNS = [
     PointColumn("TPOT med", "tpot_ms", "median", digits=1, unit="ms"),
     PointColumn("ITL med", "itl_ms", "median", digits=1, unit="ms"),
     PointColumn("ITL {p}", "itl_ms", "{p}", digits=1, unit="ms"),
+    # Tokens per streamed chunk: with speculative decoding, the client's estimate of tokens per decode step
+    PointColumn("tok/chunk", "tokens_per_chunk", digits=2, report_header="tokens per chunk"),
     PointColumn("E2E med", "e2e_ms", "median", digits=0, unit="ms"),
     PointColumn("goodput", "goodput", digits=2, unit="req/s"),
     # The requests whose latencies count (bench/steady_state.py), and whether the point saturated

@@ -48,3 +48,18 @@ def test_slo_parsing_and_checks():
     with pytest.raises(ValueError, match="bad SLO"):
         parse_slo("latency=1s")
     assert not meets_slo(RequestRecord(index=0), {"ttft": 1.0})  # a failed request never counts
+
+
+def test_tokens_per_chunk_is_the_clients_tokens_per_decode_step():
+    one_each = [
+        RequestRecord(index=i, ttft=0.1, itl=[0.01] * 3, e2e=0.13, output_tokens=4, success=True)
+        for i in range(2)
+    ]
+    # a speculating server: 3 chunks carrying 8 tokens (steps that accepted proposals send several)
+    spec = [RequestRecord(index=0, ttft=0.1, itl=[0.02, 0.02], e2e=0.14, output_tokens=8, success=True)]
+    assert summarize(one_each, wall_s=1.0)["tokens_per_chunk"] == 1.0
+    assert summarize(spec, wall_s=1.0)["tokens_per_chunk"] == 8 / 3
+    whole = [
+        RequestRecord(index=0, ttft=0.5, e2e=0.5, output_tokens=8, success=True)
+    ]  # not streamed: no estimate
+    assert summarize(whole, wall_s=1.0)["tokens_per_chunk"] is None

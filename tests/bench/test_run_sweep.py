@@ -20,6 +20,7 @@ POINT_FIELDS = {
         "failed",
         "reconnects",
         *("structured_valid", "structured_truncated", "structured_invalid"),
+        "tokens_per_chunk",
         "duration_s",
         "request_throughput",
         "output_throughput",

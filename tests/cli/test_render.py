@@ -64,14 +64,14 @@ def test_results_table_headers_and_cells():
     table = results_table([POINT], "p90")
     headers = [c.header for c in table.columns]
     assert headers[:7] == ["server", "prompt", "output", "load", "ok", "failed", "reconn"]
-    assert headers[9:19] == [
+    assert headers[9:20] == [
         "req/s", "out tok/s", "total tok/s", "TTFT med", "TTFT p90", "TPOT med", "ITL med", "ITL p90",
-        "E2E med", "goodput",
+        "tok/chunk", "E2E med", "goodput",
     ]  # fmt: skip
     row = by_header(table)
-    assert [row[h] for h in headers[:19]] == [
+    assert [row[h] for h in headers[:20]] == [
         "llmopt", "128", "32", "c=4", "40", "2", "1", "-", "-", "3.14", "1,234.6", "5,678.9",
-        "101", "151", "12.3", "11.1", "20.0", "880", "2.50",
+        "101", "151", "12.3", "11.1", "20.0", "-", "880", "2.50",
     ]  # fmt: skip
     assert (row["JSON cut"], row["JSON bad"]) == ("-", "-")  # no structured requests in this point
     assert [c.justify for c in table.columns][:5] == ["left", "right", "right", "left", "right"]
@@ -96,9 +96,9 @@ def test_report_point_table_is_the_console_table_less_its_extra_columns():
         "server", "in (tokens)", "out (tokens)", "load", "ok (requests)", "failed (requests)",
         "reconnects (requests)", "JSON truncated (requests)", "JSON invalid (requests)", "req/s", "out tok/s",
     ]  # fmt: skip
-    assert POINT_HEADERS[11:18] == [
-        "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)", "E2E med (ms)",
-        "goodput (req/s)",
+    assert POINT_HEADERS[11:19] == [
+        "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)", "tokens per chunk",
+        "E2E med (ms)", "goodput (req/s)",
     ]  # fmt: skip
     run = Run("r", None, {}, [POINT], [])
     [row] = point_rows(run)
