@@ -8,8 +8,10 @@ above 1 from that many processes (workers.py). Every point measures the client i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import IO
+
+import aiohttp
 
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.conversation import Conversation
@@ -39,27 +41,11 @@ async def run_point(
     if point.workers > 1:
         warm = warm_list(point, requests)
         return await run_in_workers(target, work, warm, point, collect, count_tokens, meter=meter)
-    async with client_session(target) as session:
-        await warm_up(session, target, point, requests, count_tokens)
-        if meter is not None:  # before t0: its reads (files, a scrape) are no part of the point's time
-            meter.start()
-        check = SelfCheck().start()
-        t0 = time.perf_counter()
-        async with watching(point, collect, t0):  # --stop-on-saturation
-            await drive(session, target, work, point, t0, collect.stop, collect, count_tokens)
-        wall = time.perf_counter() - t0
-        load = check.stop()
-        machine = meter.stop() if meter is not None else None
-    stopped = collect.stop[0] if collect.stop else None
-    return PointResult(
-        collect.records,
-        wall,
-        stopped,
-        client=[load],
-        started=t0,
-        saturation=collect.saturated,
-        machine=machine,
-    )
+
+    async def send(session: aiohttp.ClientSession, t0: float) -> None:
+        await drive(session, target, work, point, t0, collect.stop, collect, count_tokens)
+
+    return await measured(target, point, collect, requests, count_tokens, meter, send)
 
 
 async def run_sessions(
@@ -83,25 +69,43 @@ async def run_sessions(
         return await run_in_workers(
             target, conversations, warm, point, collect, count_tokens, first_session, meter
         )
+
+    async def send(session: aiohttp.ClientSession, t0: float) -> str | None:
+        return await drive_sessions(
+            session, target, conversations, point, t0, collect, count_tokens, first_session
+        )
+
+    return await measured(target, point, collect, warmup_requests or [], count_tokens, meter, send)
+
+
+async def measured(
+    target: Target,
+    point: LoadPoint,
+    collect: Collector,
+    warmup: list[BenchRequest],
+    count_tokens: Callable[[str], int] | None,
+    meter: MachineMeter | None,
+    send: Callable[[aiohttp.ClientSession, float], Awaitable[str | None]],
+) -> PointResult:
+    """One point in this process: warm up, then `send(session, t0)` timed, with the client's self-check,
+    the machine meter and the --stop-on-saturation watcher around it; what `send` returns is the
+    point's `tools`."""
     async with client_session(target) as session:
-        await warm_up(session, target, point, warmup_requests or [], count_tokens)
-        if meter is not None:
+        await warm_up(session, target, point, warmup, count_tokens)
+        if meter is not None:  # before t0: its reads (files, a scrape) are no part of the point's time
             meter.start()
         check = SelfCheck().start()
         t0 = time.perf_counter()
-        async with watching(point, collect, t0):
-            used_tools = await drive_sessions(
-                session, target, conversations, point, t0, collect, count_tokens, first_session
-            )
+        async with watching(point, collect, t0):  # --stop-on-saturation
+            tools = await send(session, t0)
         wall = time.perf_counter() - t0
         load = check.stop()
         machine = meter.stop() if meter is not None else None
-    stopped = collect.stop[0] if collect.stop else None
     return PointResult(
         collect.records,
         wall,
-        stopped,
-        used_tools,
+        collect.stop[0] if collect.stop else None,
+        tools,
         client=[load],
         started=t0,
         saturation=collect.saturated,
