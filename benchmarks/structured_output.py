@@ -30,7 +30,7 @@ from llmopt.checkpoints import resolve_model
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 from results import write_result
 
 ENUMS = {

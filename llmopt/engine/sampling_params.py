@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmopt.engine.logprobs import MAX_LOGPROBS
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 
 # Temperatures below this sample greedily, as vLLM does: dividing logits by 1e-39 overflows to inf and
 # the softmax to NaN.

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.server.errors import APIError
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.protocol import ChatCompletionRequest, SamplingRequest

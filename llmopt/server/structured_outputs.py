@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.structured.compiler import COMPILE_TIMEOUT_S
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.server.errors import APIError
 from llmopt.server.protocol import SamplingRequest
 

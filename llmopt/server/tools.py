@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.server.errors import APIError
 from llmopt.server.protocol import ChatMessage, FunctionDefinition, NamedToolChoice, ToolDefinition
 from llmopt.server.structured_outputs import schema_object

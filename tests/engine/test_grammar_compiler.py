@@ -12,7 +12,7 @@ import pytest
 
 from llmopt.engine.structured import compiler as compiler_module
 from llmopt.engine.structured.compiler import COMPILE_THREADS, GrammarCompiler
-from llmopt.engine.structured_output import StructuredOutput
+from llmopt.engine.structured.request import StructuredOutput
 
 TIMEOUT_S = 0.3
 

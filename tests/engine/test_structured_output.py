@@ -16,8 +16,8 @@ from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.spec_decode.proposal import Proposal
 from llmopt.engine.structured.bitmask import BatchMask, apply_token_bitmask
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
-from llmopt.engine.structured_output import StructuredOutput
 
 PERSON = {
     "type": "object",

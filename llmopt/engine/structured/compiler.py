@@ -14,8 +14,8 @@ from concurrent.futures import Future, InvalidStateError
 
 import xgrammar as xgr
 
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.engine.structured.schema_support import unenforced_keyword
-from llmopt.engine.structured_output import StructuredOutput
 
 CACHE_SIZE = 128  # compiled grammars kept, least recently used dropped first
 # Compiling runs on grammar threads (the server's requests) or the caller's (the in-process API), never
