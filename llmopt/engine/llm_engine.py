@@ -1,5 +1,7 @@
-"""The engine: requests in (from any thread), one batched step at a time, outputs out. Scheduling,
-the model, sampling, stopping and speculation each live in their own module; this one wires a step."""
+"""The engine: requests in (from any thread), one batched step at a time, outputs out. It schedules,
+runs the model and hands off: the logits are prepared in logits_processing.py, proposals made and
+verified by the Speculator (spec_decode/speculator.py), outputs built by the OutputBuilder
+(output_builder.py); sampling, stopping and the step log each live in their own module too."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import logging
 import queue
 import time
 import zlib
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, GenerationConfig
@@ -18,37 +18,23 @@ from llmopt.checkpoints import load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
-from llmopt.engine.logprobs import TokenLogprob, first_prompt_token, token_logprobs
+from llmopt.engine.logits_processing import PreparedLogits, SeqRows, batch_rows, prepare_logits, score_prompt
 from llmopt.engine.model_runner import ModelRunner
+from llmopt.engine.output_builder import OutputBuilder, OutputCallback, Request
 from llmopt.engine.outputs import EngineStats, RequestOutput
-from llmopt.engine.penalties import apply_penalties
-from llmopt.engine.sampler import ban_stop_tokens, greedy_tokens, sample_rows
+from llmopt.engine.sampler import greedy_tokens, sample_rows
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch, Scheduler
 from llmopt.engine.sequence import Sequence
-from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
-from llmopt.engine.spec_decode.forced import propose_forced
+from llmopt.engine.spec_decode.draft import DraftProposer
 from llmopt.engine.spec_decode.ngram import NgramProposer
-from llmopt.engine.spec_decode.policy import ForcedAcceptance, proposal_room, record_acceptance, trim_forced
-from llmopt.engine.spec_decode.stats import SpecStats
-from llmopt.engine.spec_decode.verify import verify
-from llmopt.engine.step_log import RequestTrace, StepLog, StepRecord
-from llmopt.engine.stop import stop_reason
-from llmopt.engine.structured.bitmask import BatchMask
+from llmopt.engine.spec_decode.speculator import Speculator
+from llmopt.engine.step_log import StepLog, StepRecord
 from llmopt.engine.structured.compiler import GrammarCompiler
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
 
 log = logging.getLogger(__name__)
-
-OutputCallback = Callable[[RequestOutput], None]
-
-
-@dataclass
-class Request:
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    on_output: OutputCallback | None
 
 
 class LLMEngine:
@@ -70,30 +56,32 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.eos_token_ids = self._eos_token_ids()
-        self.speculative_config = SpeculativeConfig.parse(config.speculative_config)
-        vocab = self.runner.model.config.vocab_size
-        self.proposer = (
-            make_proposer(self.speculative_config, config, vocab, self.max_model_len)
-            if self.speculative_config
-            else None
+        self.vocab_size: int = self.runner.model.config.vocab_size
+        self.speculator = Speculator(
+            SpeculativeConfig.parse(config.speculative_config),
+            config,
+            self.vocab_size,
+            self.max_model_len,
+            self.eos_token_ids,
         )
-        self.spec_stats = SpecStats()
-        self.forced_acceptance = ForcedAcceptance()
-        self.grammars = GrammarCompiler(self.tokenizer, vocab, sorted(self.eos_token_ids))
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
+        self.step_log = StepLog()
+        self.outputs = OutputBuilder(
+            self.scheduler, self.step_log, self.eos_token_ids, self.max_model_len, self.speculator.release
+        )
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
-        self._requests: dict[str, Request] = {}
         self._request_counter = itertools.count()
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.requests_finished = 0
-        self.step_log = StepLog()
+
+    @property
+    def proposer(self) -> NgramProposer | DraftProposer | None:
+        return self.speculator.proposer
 
     def warm_up(self) -> None:
         """A step's worth of prefill and a decode step run once on the calling thread (the one that will
         step), before the first request, as vLLM and llama.cpp's server do at start-up."""
         bm = self.block_manager
-        assert not self._requests and bm.num_used_blocks == 0, "warm up before any request"
+        assert not self.outputs.requests and bm.num_used_blocks == 0, "warm up before any request"
         assert not bm.hash_to_block_id, "warm up before the prefix cache holds anything: it writes blocks 0.."
         self.runner.warm_up(min(self.config.max_num_batched_tokens, self.max_model_len - 1))
 
@@ -146,15 +134,14 @@ class LLMEngine:
         seq = Sequence(request_id, token_ids, params, seed=request_seed(self.config.seed, request_id))
         if params.structured_output is not None:  # the server compiled it already: a cache hit here
             compiled = self.grammars.compile(params.structured_output)
-            seq.grammar = SequenceGrammar(compiled, self.runner.model.config.vocab_size)
+            seq.grammar = SequenceGrammar(compiled, self.vocab_size)
         self._new.put(Request(seq, IncrementalDetokenizer(self.tokenizer, token_ids, params.stop), on_output))
         return request_id
 
     def check_token_ids(self, token_ids: list[int]) -> None:
         """A ValueError unless every id is in the model's vocabulary."""
-        vocab = self.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in token_ids):
-            raise ValueError(f"token ids must be in [0, {vocab})")
+        if any(not 0 <= t < self.vocab_size for t in token_ids):
+            raise ValueError(f"token ids must be in [0, {self.vocab_size})")
 
     def abort_request(self, request_id: str) -> None:
         self._aborts.put(request_id)
@@ -163,7 +150,7 @@ class LLMEngine:
         """End every queued and running request with finish_reason 'abort', without running the model
         (used when shutting down, or after a failed step)."""
         self._drain_new()
-        for request_id in list(self._requests):
+        for request_id in list(self.outputs.requests):
             self.abort_request(request_id)
         return self._drain_queues()
 
@@ -176,12 +163,12 @@ class LLMEngine:
         return len(self.scheduler.waiting) + self._new.qsize()
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests) or not self._new.empty()
+        return bool(self.outputs.requests) or not self._new.empty()
 
     def _drain_new(self) -> None:
         while not self._new.empty():
             request = self._new.get()
-            self._requests[request.seq.request_id] = request
+            self.outputs.requests[request.seq.request_id] = request
             self.scheduler.add(request.seq)
 
     def _drain_queues(self) -> list[RequestOutput]:
@@ -194,17 +181,17 @@ class LLMEngine:
         self._drain_new()
         outputs = []
         for request_id in abort_ids:
-            request = self._requests.get(request_id)
+            request = self.outputs.requests.get(request_id)
             if request is not None:
-                self.scheduler.finish(request.seq, "abort")
-                outputs.append(self._finish(request, []))
+                outputs.append(self.outputs.end(request.seq, "abort"))
         return outputs
 
     # ---- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batched forward; return the outputs it produced (each also goes to its callback).
         What it computed and cost goes to the step log (step_log.py)."""
-        start, cpu, generated = time.perf_counter(), time.thread_time(), self.generation_tokens_total
+        counters = self.outputs.counters
+        start, cpu, generated = time.perf_counter(), time.thread_time(), counters.generation_tokens
         outputs, batch, schedule_s, forward_s = self._step()
         if batch.seqs:
             prefill = [n for n in batch.num_new_tokens if n > 1]
@@ -218,7 +205,7 @@ class LLMEngine:
                 prefill_tokens=sum(prefill),
                 prefill_seqs=len(prefill),
                 decode_rows=len(batch) - len(prefill),
-                generated_tokens=self.generation_tokens_total - generated,
+                generated_tokens=counters.generation_tokens - generated,
                 num_running=len(self.scheduler.running),
                 num_waiting=self.num_waiting(),
             )
@@ -229,88 +216,51 @@ class LLMEngine:
     def _step(self) -> tuple[list[RequestOutput], ScheduledBatch, float, float]:
         """step(), and the batch it ran with the seconds its scheduling and its forward took."""
         outputs = self._drain_queues()
-        if self.proposer is not None or any(s.grammar is not None for s in self.scheduler.running):
-            self._propose()
+        if self.speculator.wanted(self.scheduler.running):
+            self.speculator.propose(self.scheduler.running)
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         schedule_s = time.perf_counter() - start
         if not batch.seqs:
             return outputs, batch, schedule_s, 0.0
-        rows = [logit_rows(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)]
-        counts = [scored + sampled for scored, sampled in rows]
+        counts, places = batch_rows(batch.seqs, batch.num_new_tokens)
         start = time.perf_counter()
         logits = self.runner.run(batch, counts)
         forward_s = time.perf_counter() - start
-        starts = list(itertools.accumulate(counts, initial=0))
-        samples = [
-            slice(start + scored, start + scored + sampled) for start, (scored, sampled) in zip(starts, rows)
-        ]
-        raws, errors = self._process_logits(batch.seqs, logits, samples)
-        # One greedy call for every row, after every change to them (one per sequence: 4 % of a 16-row
-        # step); with prompt rows in the batch (hundreds of them), each sequence picks from its own rows.
-        greedy = greedy_tokens(logits) if not any(scored for scored, _ in rows) else None
-        now = time.perf_counter()
-        for seq, n, start, (scored, sampled), sample in zip(
-            batch.seqs, batch.num_new_tokens, starts, rows, samples
-        ):
-            picks = None if greedy is None else greedy[sample]
-            try:
-                if id(seq) in errors:
-                    raise errors[id(seq)]
-                if seq.needs_prompt_logits:
-                    self._score_prompt(seq, logits[start : start + scored])
-                if sampled:
-                    outputs.append(self._advance(seq, n, logits[sample], picks, now, raws.get(id(seq))))
-            except Exception as exc:  # this request's sampling, stop check or text failed: it alone ends
-                log.exception("request %s failed; the batch goes on", seq.request_id)
-                outputs.append(self._fail(seq, exc))
-                continue
-            if not sampled:  # a prefill chunk with more to come
-                seq.num_computed_tokens += n
-                self.block_manager.cache_full_blocks(seq)
+        prepared = prepare_logits(
+            batch.seqs, logits, [p.sample for p in places], self.eos_token_ids, self.vocab_size
+        )
+        outputs += self._postprocess(batch, logits, places, prepared)
         return outputs, batch, schedule_s, forward_s
 
-    def _process_logits(
-        self, seqs: list[Sequence], logits: torch.Tensor, samples: list[slice]
-    ) -> tuple[dict[int, torch.Tensor], dict[int, Exception]]:
-        """Change every sequence's sampled rows of `logits` in place before any token is picked, so one
-        batched pick sees them final: penalties, the grammar's mask (every grammar row of the step filled
-        into one bitmask and applied in one call), the min_tokens ban. Returns, by id(seq), the untouched
-        rows of those that asked for logprobs, and the error of any whose rows could not be prepared."""
-        raws: dict[int, torch.Tensor] = {}
-        errors: dict[int, Exception] = {}
-        grammar_rows = sum(s.stop - s.start for seq, s in zip(seqs, samples) if seq.grammar is not None)
-        # Most steps have no grammar row: they allocate no bitmask.
-        masks = BatchMask(grammar_rows, self.runner.model.config.vocab_size) if grammar_rows else None
-        for seq, sample in zip(seqs, samples):
-            if sample.start == sample.stop or seq.params.max_tokens == 0:
-                continue
-            rows = logits[sample]
+    def _postprocess(
+        self, batch: ScheduledBatch, logits: torch.Tensor, places: list[SeqRows], prepared: PreparedLogits
+    ) -> list[RequestOutput]:
+        """Pick every sequence's next tokens from its prepared rows and hand them out; a prefill chunk
+        with more to come only moves on. A request whose rows, tokens or text fail ends alone."""
+        # One greedy call for every row, after every change to them (one per sequence: 4 % of a 16-row
+        # step); with prompt rows in the batch (hundreds of them), each sequence picks from its own rows.
+        greedy = greedy_tokens(logits) if not any(p.scored for p in places) else None
+        now = time.perf_counter()
+        outputs = []
+        for seq, n, place in zip(batch.seqs, batch.num_new_tokens, places):
+            picks = None if greedy is None else greedy[place.sample]
             try:
-                # Logprobs are of the model's own distribution (vLLM's raw_logprobs): kept before
-                # anything changes the rows.
-                if seq.params.logprobs is not None:
-                    raws[id(seq)] = rows.clone()
-                apply_penalties(rows, seq)
-                if seq.grammar is not None:  # row by row through the proposals (masks: counted above)
-                    masks.fill(seq.grammar, sample, seq.spec_token_ids)
-                ban_stop_tokens(rows, self.eos_token_ids, seq.params, seq.num_output_tokens)
-            except Exception as exc:
-                errors[id(seq)] = exc
-        if masks is not None:
-            masks.apply(logits)
-        return raws, errors
-
-    def _score_prompt(self, seq: Sequence, logits: torch.Tensor) -> None:
-        """Record the logprobs of the prompt tokens this chunk's rows predict (row i: the token at
-        position start + i + 1); a recompute after a preemption writes them again."""
-        start = seq.num_computed_tokens
-        if start == 0:
-            seq.prompt_logprobs = [first_prompt_token(seq.token_ids[0])]
-        assert seq.prompt_logprobs is not None and len(seq.prompt_logprobs) >= start + 1
-        del seq.prompt_logprobs[start + 1 :]
-        targets = seq.token_ids[start + 1 : start + 1 + len(logits)]
-        seq.prompt_logprobs += token_logprobs(logits, targets, seq.params.prompt_logprobs)
+                if id(seq) in prepared.errors:
+                    raise prepared.errors[id(seq)]
+                if seq.needs_prompt_logits:
+                    score_prompt(seq, logits[place.prompt])
+                if place.sampled:
+                    raw = prepared.raws.get(id(seq))
+                    outputs.append(self._advance(seq, n, logits[place.sample], picks, now, raw))
+            except Exception as exc:  # this request's sampling, stop check or text failed: it alone ends
+                log.exception("request %s failed; the batch goes on", seq.request_id)
+                outputs.append(self.outputs.fail(seq, exc))
+                continue
+            if not place.sampled:  # a prefill chunk with more to come
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
+        return outputs
 
     def _advance(
         self,
@@ -326,8 +276,7 @@ class LLMEngine:
         processing, for logprobs."""
         if seq.params.max_tokens == 0:  # only the prompt was to be scored (echo with max_tokens 0)
             seq.num_computed_tokens += n
-            self.scheduler.finish(seq, "length")
-            return self._finish(self._requests[seq.request_id], [])
+            return self.outputs.end(seq, "length")
         if greedy is None and seq.params.greedy:
             greedy = greedy_tokens(logits)
         new_tokens = self._next_tokens(seq, n, logits, greedy)
@@ -335,137 +284,24 @@ class LLMEngine:
             seq.grammar.accept(new_tokens)
         seq.token_ids.extend(new_tokens)
         self.block_manager.cache_full_blocks(seq)
-        return self._emit(seq, new_tokens, now, raw)
+        return self.outputs.emit(seq, new_tokens, now, raw)
 
     def _next_tokens(
         self, seq: Sequence, n: int, logits: torch.Tensor, greedy: list[int] | None
     ) -> list[int]:
         """The tokens `seq` gains from this step's `n` computed tokens and their `logits` rows: one sampled
-        token, or the accepted proposals and a corrected or bonus token."""
-        if not seq.spec_token_ids:
-            seq.num_computed_tokens += n
-            seq.spec_draft_probs = None
-            if seq.params.greedy:
-                assert greedy is not None, "a greedy sequence's picks are taken before"
-                return greedy
-            return sample_rows(logits, seq.params, seq.generator)
-        new_tokens, accepted = verify(
-            logits, seq.spec_token_ids, seq.spec_draft_probs, seq, self.eos_token_ids, greedy=greedy
-        )
-        forced = min(seq.spec_num_forced, len(seq.spec_token_ids))
-        self.spec_stats.record(len(seq.spec_token_ids), accepted, forced)
-        if forced:  # forced tokens are paced by their acceptance at each position, engine-wide
-            self.forced_acceptance.record(forced, accepted)
-        else:
-            record_acceptance(seq, accepted)
-        # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
-        seq.num_computed_tokens += 1 + accepted
-        seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = [], None, 0
-        return new_tokens
-
-    def _propose(self) -> None:
-        """Give every decoding sequence its proposals to verify in this step: the tokens its grammar
-        forces (n-gram lookups may continue past them), or else up to k from the proposer, cut where
-        the grammar refuses one. Forced proposals are then cut to those expected to pay at this batch
-        size (policy.trim_forced)."""
-        k = self.speculative_config.num_speculative_tokens if self.speculative_config else 0
-        ngram = self.proposer if isinstance(self.proposer, NgramProposer) else None
-        ready, ks, forced = [], [], False
-        for seq in self.scheduler.running:
-            if propose_forced(seq, self.max_model_len, ngram, k):
-                forced = True
-                continue
-            room = proposal_room(seq, k, self.max_model_len) if self.proposer is not None else 0
-            if room > 0:
-                ready.append(seq)
-                ks.append(room)
-        if ready:
-            for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
-                tokens, probs = proposal.tokens, proposal.draft_probs
-                if seq.grammar is not None:
-                    tokens = tokens[: seq.grammar.valid_prefix(tokens)]
-                    probs = probs[: len(tokens)] if probs is not None and tokens else None
-                seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = tokens, probs, 0
-        if forced:
-            decoding = [s for s in self.scheduler.running if s.num_computed_tokens == len(s) - 1]
-            trim_forced(decoding, self.forced_acceptance)
-
-    def _emit(
-        self, seq: Sequence, tokens: list[int], now: float, raw: torch.Tensor | None = None
-    ) -> RequestOutput:
-        """Hand out the tokens a step appended, stopping at the first one that finishes the request;
-        with their logprobs from `raw`, the untouched logits rows they were drawn from."""
-        request = self._requests[seq.request_id]
-        if seq.first_token_time is None:
-            seq.first_token_time = now
-        start = len(seq) - len(tokens)
-        reason = None
-        emitted: list[int] = []
-        for token in tokens:
-            emitted.append(token)
-            self.generation_tokens_total += 1
-            length = start + len(emitted)
-            reason = stop_reason(
-                seq, token, length, request.detokenizer, self.eos_token_ids, self.max_model_len
-            )
-            if reason is not None:
-                break
-        logprobs = None
-        if raw is not None:  # row i of a verification's logits is where its i-th new token came from
-            logprobs = token_logprobs(raw[: len(emitted)], emitted, seq.params.logprobs)
-        if reason is not None:
-            del seq.token_ids[start + len(emitted) :]  # accepted tokens past the stop are dropped
-            self.scheduler.finish(seq, reason)
-            return self._finish(request, emitted, logprobs=logprobs)
-        output = RequestOutput(seq.request_id, emitted, request.detokenizer.take_delta(False), False)
-        output.logprobs, output.prompt_logprobs = logprobs, take_prompt_logprobs(seq)
-        if request.on_output is not None:
-            request.on_output(output)
-        return output
-
-    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
-        """End one request with finish_reason 'error' (its blocks freed), leaving every other one be."""
-        error = f"{type(exc).__name__}: {exc}"
-        self.scheduler.finish(seq, "error")  # also right for a sequence already finished: it frees nothing
-        request = self._requests.get(seq.request_id)
-        if request is None:  # it failed after its own end was handed out: nothing is left to end
-            return RequestOutput(seq.request_id, [], "", True, "error", error=error)
-        return self._finish(request, [], error=error)
-
-    def _finish(
-        self,
-        request: Request,
-        new_tokens: list[int],
-        error: str | None = None,
-        logprobs: list[TokenLogprob] | None = None,
-    ) -> RequestOutput:
-        seq = request.seq
-        seq.finish_time = time.perf_counter()
-        del self._requests[seq.request_id]
-        if self.proposer is not None:
-            self.proposer.release(seq.request_id)
-        self.prompt_tokens_total += seq.num_prompt_tokens
-        self.requests_finished += seq.finish_reason in ("stop", "length")
-        output = RequestOutput(
-            seq.request_id,
-            new_tokens,
-            request.detokenizer.take_delta(True),
-            True,
-            seq.finish_reason,
-            prompt_tokens=seq.num_prompt_tokens,
-            output_tokens=seq.num_output_tokens,
-            cached_tokens=seq.num_cached_tokens,
-            error=error,
-            logprobs=logprobs,
-            prompt_logprobs=take_prompt_logprobs(seq),
-        )
-        if request.on_output is not None:
-            request.on_output(output)
-        self.step_log.request(request_trace(seq))
-        return output
+        token, or what the speculator accepts of its proposals."""
+        if seq.spec_token_ids:
+            return self.speculator.verify(seq, logits, greedy)
+        seq.num_computed_tokens += n
+        seq.spec_draft_probs = None
+        if seq.params.greedy:
+            assert greedy is not None, "a greedy sequence's picks are taken before"
+            return greedy
+        return sample_rows(logits, seq.params, seq.generator)
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
+        bm, counters, spec = self.block_manager, self.outputs.counters, self.speculator.stats
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=self.num_waiting(),
@@ -474,15 +310,15 @@ class LLMEngine:
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
             num_preemptions=self.scheduler.num_preemptions,
-            prompt_tokens=self.prompt_tokens_total,
-            generation_tokens=self.generation_tokens_total,
-            requests_finished=self.requests_finished,
-            spec_drafts=self.spec_stats.drafts,
-            spec_draft_tokens=self.spec_stats.draft_tokens,
-            spec_accepted_tokens=self.spec_stats.accepted_tokens,
-            spec_forced_tokens=self.spec_stats.forced_tokens,
-            spec_acceptance_by_position=self.spec_stats.acceptance_by_position(),
-            spec_mean_acceptance_length=self.spec_stats.mean_acceptance_length,
+            prompt_tokens=counters.prompt_tokens,
+            generation_tokens=counters.generation_tokens,
+            requests_finished=counters.requests_finished,
+            spec_drafts=spec.drafts,
+            spec_draft_tokens=spec.draft_tokens,
+            spec_accepted_tokens=spec.accepted_tokens,
+            spec_forced_tokens=spec.forced_tokens,
+            spec_acceptance_by_position=spec.acceptance_by_position(),
+            spec_mean_acceptance_length=spec.mean_acceptance_length,
         )
 
 
@@ -490,33 +326,3 @@ def request_seed(engine_seed: int, request_id: str) -> int:
     """The sampling seed of a request that gives none: the same in every process (str hash() is salted
     per process, so it would not reproduce a run)."""
     return (engine_seed + zlib.crc32(request_id.encode())) % 2**63
-
-
-def logit_rows(seq: Sequence, n: int) -> tuple[int, int]:
-    """(rows scored, rows sampled) of `seq`'s `n` new tokens this step. A sequence whose new tokens reach
-    the end of its context samples from one row, or from 1 + k when it verifies k proposed tokens; one
-    whose prompt is being scored for prompt logprobs also gets every row before those (row i predicts
-    the prompt token after it)."""
-    reaches_end = seq.num_computed_tokens + n == len(seq) + len(seq.spec_token_ids)
-    sampled = 1 + len(seq.spec_token_ids) if reaches_end else 0
-    return (n - sampled if seq.needs_prompt_logits else 0), sampled
-
-
-def request_trace(seq: Sequence) -> RequestTrace:
-    scheduled, first = seq.first_scheduled_time, seq.first_token_time
-    return RequestTrace(
-        request_id=seq.request_id,
-        prompt_tokens=seq.num_prompt_tokens,
-        cached_tokens=seq.num_cached_tokens,
-        output_tokens=seq.num_output_tokens,
-        queue_s=None if scheduled is None else scheduled - seq.arrival_time,
-        ttft_s=None if first is None else first - seq.arrival_time,
-        e2e_s=(seq.finish_time or time.perf_counter()) - seq.arrival_time,
-        finish_reason=seq.finish_reason,
-    )
-
-
-def take_prompt_logprobs(seq: Sequence) -> list[TokenLogprob] | None:
-    """The prompt logprobs to hand out with `seq`'s first output (None after it, or if never asked)."""
-    prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
-    return prompt_logprobs
