@@ -10,6 +10,7 @@ from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
+from llmopt.engine.models.kernel_layout import pack_for_kernels
 from llmopt.engine.models.loader import load_model
 from llmopt.engine.precision import resolve_precision, startup_line
 from llmopt.engine.sampling_params import SamplingParams
@@ -47,7 +48,7 @@ class ModelRunner:
             and kernels.load()
         )
         if self.use_kernels:
-            self.model.pack_linears()
+            pack_for_kernels(self.model)
         self.num_kv_blocks = config.num_kv_blocks or int8_kv_cache.pool_blocks(
             config.kv_cache_memory_gb, num_layers, kv_shape, kv_dtype
         )

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from llmopt.engine.kernels import cpu_flags
 from llmopt.engine.layers.quantized_linear import DEQUANTIZE_FROM_ROWS, QuantizedLinear
 
 PANEL = 32  # output columns per panel of a packed dense weight (kPanel in cpu_kernels.cpp)
+# What a model and its layers name their linears; pack_dense_linears re-lays the dense ones among them.
+LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
 NO_SCALES = torch.empty(0)  # the scales slot of a dense weight in decode_layers
 # From this many rows on, MKL's batched GEMM over the panels beats the panel kernel. The kernel's
 # vector path is AVX-512; on an AVX2-only CPU (compiler-vectorised fallback) measured at 576x1536:
@@ -40,6 +44,15 @@ def pack_panels(weight_t: torch.Tensor) -> torch.Tensor:
     k, n = weight_t.shape
     assert n % PANEL == 0, f"{n} output features are not a multiple of {PANEL}"
     return weight_t.view(k, n // PANEL, PANEL).permute(1, 0, 2).contiguous()
+
+
+def pack_dense_linears(modules: Iterable[torch.nn.Module]) -> None:
+    """Re-lay every dense fp32 linear of `modules` in panels for the compiled kernel; quantized ones (and
+    a width the panels do not divide) keep theirs."""
+    for module in list(modules):
+        for name, param in list(module.named_parameters(recurse=False)):
+            if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
+                setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
 
 
 def kernel_weights(weight: torch.Tensor | QuantizedLinear) -> tuple[torch.Tensor, torch.Tensor] | None:

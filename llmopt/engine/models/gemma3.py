@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache, windowed
-from llmopt.engine.layers.linear import PANEL, matmul, one_call_linears, pack_panels
+from llmopt.engine.layers.linear import matmul
 from llmopt.engine.layers.norm import rms_norm
 
 MODEL_TYPES = ("gemma3_text",)
-LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
 LOCAL = "sliding_attention"
 
 
@@ -106,7 +105,7 @@ class Gemma3ForCausalLM(torch.nn.Module):
         self.layers = torch.nn.ModuleList(Gemma3Layer(config, t) for t in config.layer_types)
         self.norm = torch.nn.Parameter(torch.empty(hidden), requires_grad=False)
         self.lm_head_t = torch.nn.Parameter(torch.empty(hidden, config.vocab_size), requires_grad=False)
-        # Set by pack_linears where every linear has a compiled kernel: what decode_gemma3_layers takes,
+        # Set by kernel_layout.py where every linear has a compiled kernel: what decode_gemma3_layers takes,
         # and the most rows it runs (as Llama's decode_layers).
         self.decode_weights: list[torch.Tensor] | None = None
         self.decode_max_rows = 0
@@ -153,38 +152,6 @@ class Gemma3ForCausalLM(torch.nn.Module):
         logits = matmul(hidden, self.lm_head_t).float()
         cap = getattr(self.config, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
-
-    def pack_linears(self) -> None:
-        """Re-lay every dense fp32 linear in panels for the compiled kernel; quantized ones keep theirs."""
-        for module in (self, *self.layers):
-            for name, param in list(module.named_parameters(recurse=False)):
-                if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
-                    setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
-        compiled = one_call_linears(
-            [
-                (layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight)
-                for layer in self.layers
-            ]
-        )
-        if compiled is None:
-            return  # a layer without a compiled kernel: layer by layer
-        linears, self.decode_max_rows = compiled
-        self.decode_weights = [  # the order decode_gemma3_layers reads them in, fourteen a layer
-            t
-            for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
-            for t in (
-                layer.input_norm,
-                *qkv,
-                layer.q_norm,
-                layer.k_norm,
-                *o,
-                layer.post_attention_norm,
-                layer.pre_feedforward_norm,
-                *gate_up,
-                *down,
-                layer.post_feedforward_norm,
-            )
-        ]
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [max_positions, 2 * head_dim]: the global layers' table, then the local layers'

@@ -15,17 +15,11 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache
-from llmopt.engine.layers.linear import PANEL, matmul, one_call_linears, pack_panels
+from llmopt.engine.layers.linear import matmul
 from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
-from llmopt.engine.layers.quantized_linear import QuantizedLinear
 
 log = logging.getLogger(__name__)
-LINEARS = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "lm_head_t")
-
-
-def layer_linears(layer: DecoderLayer) -> tuple[torch.Tensor | QuantizedLinear, ...]:
-    return layer.qkv_weight, layer.o_weight, layer.gate_up_weight, layer.down_weight
 
 
 class DecoderLayer(torch.nn.Module):
@@ -93,8 +87,8 @@ class LlamaForCausalLM(torch.nn.Module):
         self.lm_head_t = torch.nn.Parameter(  # [hidden, vocab], transposed like every linear
             torch.empty(config.hidden_size, config.vocab_size), requires_grad=False
         )
-        # Set by pack_linears where every layer's linears have a compiled kernel: what decode_layers takes,
-        # and the most rows it runs (quantized layers dequantize for large batches, in Python).
+        # Set by kernel_layout.py where every layer's linears have a compiled kernel: what decode_layers
+        # takes, and the most rows it runs (quantized layers dequantize for large batches, in Python).
         self.decode_weights: list[torch.Tensor] | None = None
         self.decode_max_rows = 0
         self.fused_decode = True  # whether decode_layers can run these layers (dense Llama layers only)
@@ -129,24 +123,6 @@ class LlamaForCausalLM(torch.nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return matmul(hidden, self.lm_head_t).float()
-
-    def pack_linears(self) -> None:
-        """Re-lay every dense fp32 linear in panels for the compiled kernel; quantized ones keep theirs."""
-        for module in list(self.modules()):  # the layers' linears, and the experts' of MoE layers
-            for name, param in list(module.named_parameters(recurse=False)):
-                if name in LINEARS and param.dim() == 2 and param.shape[1] % PANEL == 0:
-                    setattr(module, name, torch.nn.Parameter(pack_panels(param), requires_grad=False))
-        if not self.fused_decode:
-            return
-        plain = all(layer.qkv_bias is None and layer.q_norm is None for layer in self.layers)
-        compiled = one_call_linears([layer_linears(layer) for layer in self.layers]) if plain else None
-        if compiled is not None:
-            linears, self.decode_max_rows = compiled
-            self.decode_weights = [  # the order decode_layers reads them in, ten a layer
-                t
-                for layer, (qkv, o, gate_up, down) in zip(self.layers, linears)
-                for t in (layer.input_norm, *qkv, *o, layer.post_attention_norm, *gate_up, *down)
-            ]
 
     def rope_cos_sin(self, max_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin tables [max_positions, head_dim], computed in fp32 as transformers does."""

@@ -69,7 +69,7 @@ def test_grouped_experts_equal_a_per_token_loop(name, rows):
 def test_packed_experts_with_the_compiled_kernels():
     router = ROUTERS["mixtral-top2"]
     moe, reference = random_moe(router)
-    for expert in moe.experts:  # as LlamaForCausalLM.pack_linears lays them out
+    for expert in moe.experts:  # as models/kernel_layout.py lays them out
         expert.gate_up_weight = torch.nn.Parameter(pack_panels(expert.gate_up_weight), requires_grad=False)
         expert.down_weight = torch.nn.Parameter(pack_panels(expert.down_weight), requires_grad=False)
     x = torch.randn(12, HIDDEN, generator=torch.Generator().manual_seed(1))
