@@ -33,7 +33,7 @@ from rich.table import Table
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.launcher import free_port
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.runner import run_point
 from llmopt.bench.self_check import client_summary
 from results import write_result

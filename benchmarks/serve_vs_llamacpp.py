@@ -30,8 +30,8 @@ from harness import MachineLoad, spread
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.errors import BenchError
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model

@@ -1,5 +1,6 @@
-"""Synthetic bench run folders, written as the bench writes them (bench/rundir.py, bench/metrics.py), for
-the tests of `llmopt cost --run` and `llmopt report --fail-if`: no model and no server needed."""
+"""Synthetic bench run folders, written as the bench writes them (bench/rundir.py,
+bench/request_metrics.py), for the tests of `llmopt cost --run` and `llmopt report --fail-if`: no model and
+no server needed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.metrics import parse_slo, summarize
+from llmopt.bench.request_metrics import parse_slo, summarize
 from llmopt.bench.rundir import RunDir
 
 

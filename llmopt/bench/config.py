@@ -9,12 +9,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmopt.bench.errors import BenchError
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.launcher import llmopt_serve_command, llmopt_serve_env
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.redact import is_api_key_arg, redact_args
+from llmopt.bench.request_metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.search import GoodputSearch
 from llmopt.bench.trace import MOONCAKE_BLOCK_SIZE, read_trace, send_times

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import ServerSpec
-from llmopt.bench.errors import BenchError
 from llmopt.checkpoints import cache_dir
 
 REPORT_FILE = "quant_report.json"  # what `llmopt quantize` writes beside its checkpoint (quant/report.py)

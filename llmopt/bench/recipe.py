@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.quantized_serve import parse_quantize
 from llmopt.bench.rundir import check_server_name

@@ -3,7 +3,7 @@ finished points were measured with, or one run would mix two experiments under o
 
 from __future__ import annotations
 
-from llmopt.bench.errors import BenchError
+from llmopt.bench.bench_error import BenchError
 
 # Settings that do not change what a point measures: where the settings were read from (a recipe's
 # values are compared one by one), how long to wait for a stalled server before giving up, and how often

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass
 class GoodputSearch:
-    slo: dict[str, float]  # {"ttft": 0.5, ...} in seconds (metrics.parse_slo)
+    slo: dict[str, float]  # {"ttft": 0.5, ...} in seconds (request_metrics.parse_slo)
     start: float  # the first probe's load
     integer: bool  # concurrency and sessions are whole numbers
     percentile: float = 90.0

@@ -21,7 +21,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from llmopt.bench.metrics import distribution
+from llmopt.bench.request_metrics import distribution
 
 LAG_INTERVAL_S = 0.010
 LAG_P99_LIMIT_MS = 10.0

@@ -7,7 +7,7 @@ every turn; and turns per second over the point's wall time."""
 from __future__ import annotations
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.metrics import DEFAULT_PERCENTILES, distribution
+from llmopt.bench.request_metrics import DEFAULT_PERCENTILES, distribution
 
 
 def cached_fraction(records: list[RequestRecord]) -> float | None:

@@ -24,18 +24,18 @@ from typing import IO
 
 import httpx
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.client import Target
 from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.launcher import LocalServer
 from llmopt.bench.load_point import LoadPoint, PointResult, client_fields
 from llmopt.bench.machine_meter import machine_meter
-from llmopt.bench.metrics import parse_slo, summarize
 from llmopt.bench.prefix_cache import cache_warnings, reset_prefix_cache
 from llmopt.bench.quantized_serve import prepare_servers
 from llmopt.bench.repeats import repeat_stats
+from llmopt.bench.request_metrics import parse_slo, summarize
 from llmopt.bench.resume import check_resumable
 from llmopt.bench.rounds import (
     Measured,

@@ -36,9 +36,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.conversation import Conversation
-from llmopt.bench.errors import BenchError
 from llmopt.bench.load_point import Collector, LoadPoint, PointResult
 from llmopt.bench.loops import client_session, drive, warm_up
 from llmopt.bench.machine_meter import MachineMeter

@@ -12,9 +12,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.client import RequestRecord
 from llmopt.bench.config import BenchConfig, with_overrides
-from llmopt.bench.errors import BenchError
 from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir

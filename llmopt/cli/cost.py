@@ -14,7 +14,7 @@ from llmopt.cli import render
 from llmopt.cli.options import fail
 
 if TYPE_CHECKING:  # the cost model is imported when the command runs
-    from llmopt.cost.conversation import ConversationShape
+    from llmopt.cost.conversation_shape import ConversationShape
     from llmopt.pricing import PricingModel
 
 PricingOption = Annotated[
@@ -72,7 +72,7 @@ def cost(
             raise fail("token counts must be >= 0, --requests and --turns >= 1")
         if not 0 <= cached_fraction <= 1:
             raise fail("--cached-fraction is between 0 and 1")
-        from llmopt.cost.conversation import ConversationShape
+        from llmopt.cost.conversation_shape import ConversationShape
 
         shape = ConversationShape(prompt_tokens, output_tokens, turns, cached_fraction)
         show(console, price_shape(shape, models, requests, utilisation, request_throughput))

@@ -22,7 +22,7 @@ from llmopt.report.format import point_columns
 
 if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only by `llmopt quantize`
     from llmopt.cost.break_even import BreakEven
-    from llmopt.cost.conversation import ConversationShape
+    from llmopt.cost.conversation_shape import ConversationShape
     from llmopt.cost.from_run import ServedWorkload
     from llmopt.cost.workload import PricedWorkload
     from llmopt.evaluate.kl_divergence import KLStats

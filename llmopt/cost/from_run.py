@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.workload import Workload
 from llmopt.pricing import Usage
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from llmopt.cost.break_even import BreakEven
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.from_run import ServedWorkload
 from llmopt.cost.workload import Cheapest, PricedWorkload, cheapest, cheapest_per_open_model
 from llmopt.pricing import PricingModel

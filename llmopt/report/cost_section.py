@@ -8,7 +8,7 @@ import base64
 from dataclasses import dataclass, field
 
 from llmopt.cost.break_even import break_evens, conversation_cost, flat_price
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.from_run import ServedWorkload, mean_shape, served_workloads
 from llmopt.cost.workload import Cheapest, cheapest, rank
 from llmopt.pricing import PricingModel

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from jinja2 import Environment
 
-from llmopt.bench.metrics import parse_slo
 from llmopt.bench.redact import redact_args
+from llmopt.bench.request_metrics import parse_slo
 from llmopt.pricing import load_pricing
-from llmopt.report import plots, server_metrics
+from llmopt.report import plots, server_metrics_section
 from llmopt.report.client_habits import HEADERS as HABIT_HEADERS
 from llmopt.report.client_habits import habit_tables
 from llmopt.report.cost_section import cost_blocks
@@ -204,10 +204,10 @@ def render(runs: list[Run], pricing: Path | None, checks: list[Check] | None = N
         cost_blocks=blocks,
         habit_headers=HABIT_HEADERS,
         habit_tables=habit_tables(runs),
-        server_metrics_headers=server_metrics.HEADERS,
-        server_metric_rows=server_metrics.server_metric_rows,
-        server_metrics_any=any(server_metrics.server_metric_rows(run) for run in runs),
-        server_metrics_figure=optional_b64(server_metrics.figure(runs)),
+        server_metrics_headers=server_metrics_section.HEADERS,
+        server_metric_rows=server_metrics_section.server_metric_rows,
+        server_metrics_any=any(server_metrics_section.server_metric_rows(run) for run in runs),
+        server_metrics_figure=optional_b64(server_metrics_section.figure(runs)),
         quantization=quantization_sections(runs, models),
         quantization_headers=QUANTIZATION_HEADERS,
         headline_headers=HEADLINE_HEADERS,

@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from llmopt.cost.break_even import conversation_cost, max_turns  # noqa: E402
-from llmopt.cost.conversation import ConversationShape  # noqa: E402
+from llmopt.cost.conversation_shape import ConversationShape  # noqa: E402
 from llmopt.pricing import PricingModel, Usage  # noqa: E402
 from llmopt.report.data import Run, load_value  # noqa: E402
 

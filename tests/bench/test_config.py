@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import typer
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
-from llmopt.bench.errors import BenchError
 from llmopt.bench.recipe import load_recipe
 
 

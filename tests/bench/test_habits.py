@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench import runner
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.habit import Habit
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.sweep import matrix, run_sweep

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmopt.bench import quantized_serve, sweep
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
-from llmopt.bench.errors import BenchError
 from llmopt.bench.quantized_serve import (
     QuantizeSpec,
     cache_key,

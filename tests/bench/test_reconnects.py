@@ -11,7 +11,7 @@ import statistics
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.runner import run_point
 
 ANSWERED_PER_CONNECTION = 2

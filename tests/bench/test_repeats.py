@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.repeats import bootstrap_ci, repeat_stats
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.sweep import run_sweep

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.sweep import run_sweep
 from llmopt.bench.trace import TraceEntry, read_trace, send_times

@@ -13,8 +13,8 @@ import pytest
 import typer.main
 
 from llmopt.bench import sweep
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.errors import BenchError
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.sweep import run_sweep

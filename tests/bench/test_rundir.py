@@ -9,7 +9,7 @@ import os
 import pytest
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.rundir import CSV_FIELDS, RunDir
 from llmopt.report.data import load_run
 

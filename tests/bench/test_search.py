@@ -8,8 +8,8 @@ import time
 
 import pytest
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.search import GoodputSearch
 from llmopt.bench.sweep import run_sweep

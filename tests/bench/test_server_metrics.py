@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.server_metrics import ServerSample, read_sample
 from llmopt.bench.server_stats import parse_metrics

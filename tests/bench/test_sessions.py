@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer

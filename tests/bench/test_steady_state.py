@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.steady_state import RULE, steady_state
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.runner import run_point
 from llmopt.bench.structured_answer import structured_outcome
 from llmopt.bench.workload.file import file_prompts

@@ -10,7 +10,7 @@ import json
 from llmopt.bench.client import BenchRequest, Target
 from llmopt.bench.config import BenchConfig
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import summarize
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.runner import run_point
 from llmopt.bench.sweep import run_sweep
 from llmopt.bench.token_count import TokenCounter, tokenize_url

@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 from llmopt.bench.arrivals import arrival_times, ramped
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.client import BenchRequest, Target, send
 from llmopt.bench.config import BenchConfig
-from llmopt.bench.errors import BenchError
 from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.loops import client_session
 from llmopt.bench.runner import run_point

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from llmopt.bench.arrivals import arrival_times
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.config import BenchConfig, with_overrides
 from llmopt.bench.conversation import Conversation, Turn
-from llmopt.bench.errors import BenchError
 from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.metrics import summarize
 from llmopt.bench.recipe import load_recipe
+from llmopt.bench.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.runner import run_point, run_sessions
 from llmopt.bench.sweep import run_sweep

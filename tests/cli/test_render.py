@@ -1,5 +1,5 @@
 """The CLI's tables, rendered as text: headers, cells, and the report's point table built from the same
-column list. No model, no server: a point summary as bench/metrics.py writes it."""
+column list. No model, no server: a point summary as bench/request_metrics.py writes it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rich.table import Table
 
 from llmopt.cli.render import break_even_table, kl_table, quant_table, results_table, shape_bill_table
 from llmopt.cost.break_even import break_evens
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.workload import Workload, rank
 from llmopt.evaluate.kl_divergence import KLStats
 from llmopt.pricing import PricingModel

@@ -12,7 +12,7 @@ from llmopt.cost.break_even import (
     conversation_cost,
     max_turns,
 )
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.pricing import PricingModel
 
 LLAMA = PricingModel("llama", "token", input_per_1m=0.88, output_per_1m=0.88)

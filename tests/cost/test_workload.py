@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.workload import Workload, cheapest, cheapest_per_open_model, price_workload, rank
 from llmopt.pricing import PricingModel, Usage
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.errors import BenchError
+from llmopt.bench.bench_error import BenchError
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.sweep import run_sweep
 

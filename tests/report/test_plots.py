@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.cost.conversation import ConversationShape
+from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.pricing import PricingModel
 from llmopt.report import plots
 from llmopt.report.data import load_run

@@ -1,7 +1,7 @@
 import pytest
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.metrics import meets_slo, parse_slo, summarize, tpot
+from llmopt.bench.request_metrics import meets_slo, parse_slo, summarize, tpot
 
 
 def record(
