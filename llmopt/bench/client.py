@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import aiohttp
 
+from llmopt.bench.auth import bearer_header
 from llmopt.bench.redact import redact_text
 from llmopt.bench.structured_answer import structured_outcome
 from llmopt.bench.token_count import TokenCounter, output_body, prompt_body
@@ -97,10 +98,7 @@ class Target:
         return self.endpoint.rstrip("/") + path
 
     def headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        return headers
+        return {"Content-Type": "application/json", **bearer_header(self.api_key)}
 
     def payload(self, req: BenchRequest) -> dict:
         body: dict = {

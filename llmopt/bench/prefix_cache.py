@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import httpx
 
+from llmopt.bench.auth import bearer_header
+
 
 def reset_prefix_cache(endpoint: str, api_key: str | None, timeout_s: float = 60) -> bool:
     """Ask the server at `endpoint` (the API base, .../v1) to forget its prefix cache; whether it did
     (False: no such route, an error, or no answer)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.post(
             endpoint.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache",
             json={},
-            headers=headers,
+            headers=bearer_header(api_key),
             timeout=timeout_s,
         )
     except httpx.HTTPError:
