@@ -1,5 +1,6 @@
 """The bench's run model: a load point (the load to apply and for how long), what one run of it measured
-(PointResult), and the Collector every finished record goes through. Everything that drives, sweeps or
+(PointResult, and with what the sweep kept beside it, Run), the runs of a point on one server start
+(Measured), and the Collector every finished record goes through. Everything that drives, sweeps or
 reports points imports these from here, and this imports nothing that drives."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from llmopt.bench.arrivals import ARRIVALS, arrival_times
 from llmopt.bench.client import BenchRequest, RequestRecord
 from llmopt.bench.machine_meter import MachineUse
 from llmopt.bench.self_check import ClientLoad, client_summary
+from llmopt.bench.server_metrics import ServerSample
 
 
 @dataclass
@@ -105,6 +107,26 @@ class PointResult:
     started: float | None = None  # perf_counter() at the point's start, where records' `start` count from
     machine: MachineUse | None = None  # what the serving machine spent over it (machine_meter.py)
     saturation: str | None = None  # why --stop-on-saturation ended it (saturation.py), if it did
+
+
+@dataclass
+class Run:
+    """One run of a point (a point runs --num-runs times, in each of its rounds)."""
+
+    result: PointResult
+    planned_turns: dict[int, int]  # multi-turn runs: each session's number of turns
+    reset: bool | None  # whether the prefix cache was reset before it (None: not asked to)
+    warnings: list[str]
+    samples: list[ServerSample] = field(default_factory=list)  # the server's /metrics during it
+    repeat: int = 0  # its number among the point's runs: what seeds its prompts
+
+
+@dataclass
+class Measured:
+    """The runs of a point on one server start: all of them, or one round's (rounds.py)."""
+
+    runs: list[Run]
+    spec: dict[str, float] | None = None  # the speculation counters' growth over them (server_stats.py)
 
 
 class Collector:

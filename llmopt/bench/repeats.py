@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmopt.bench.load_point import PointResult
+from llmopt.bench.request_metrics import summarize_results
+
 # (summary field, statistic or None): the metrics a repeated point gives an interval for.
 HEADLINE = [
     ("request_throughput", None),
@@ -49,3 +52,11 @@ def repeat_stats(runs: list[dict]) -> dict:
         mean, spread = float(np.mean(values)), float(max(values) - min(values))
         metrics[name] = {"values": values, "mean": mean, "ci95": [low, high], "spread": spread}
     return {"runs": len(runs), "metrics": metrics}
+
+
+def repeat_summary(
+    repeats: list[list[PointResult]], slo: dict[str, float], percentiles: tuple[float, ...]
+) -> dict:
+    """A repeated point's `repeats` block: `repeat_stats` over the figures of each repeat (a run's
+    results, or a round's runs' pooled)."""
+    return repeat_stats([summarize_results(results, slo, percentiles) for results in repeats])

@@ -6,12 +6,17 @@ meeting every SLO. The sweep computes latencies and throughputs over each point'
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from llmopt.bench.client import RequestRecord
-from llmopt.bench.steady_state import SteadyState
+from llmopt.bench.steady_state import SteadyState, steady_state
 from llmopt.bench.structured_answer import OUTCOMES
 from llmopt.bench.token_count import TOKEN_SOURCES
+
+if TYPE_CHECKING:
+    from llmopt.bench.load_point import PointResult
 
 DEFAULT_PERCENTILES = (50, 90, 99)
 
@@ -143,3 +148,14 @@ def summarize(
         summary["goodput"] = good / wall_s if wall_s > 0 else 0.0
         summary["slo_attainment"] = good / len(records) if records else 0.0
     return summary
+
+
+def summarize_results(
+    results: list[PointResult], slo: dict[str, float], percentiles: tuple[float, ...]
+) -> dict:
+    """The figures of runs of a point: their records pooled; latencies and throughputs over each run's
+    steady state (steady_state.py)."""
+    records = [r for result in results for r in result.records]
+    wall = sum(result.wall_s for result in results)
+    steady = steady_state([(result.records, result.wall_s) for result in results])
+    return summarize(records, wall, slo, percentiles, steady)

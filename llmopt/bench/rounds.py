@@ -13,36 +13,25 @@ which requests.jsonl holds tagged with their run), so --resume finishes a point 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.load_point import PointResult
+from llmopt.bench.client import RequestRecord, Target
+from llmopt.bench.load_point import Measured, PointResult, Run
 from llmopt.bench.machine_meter import MachineUse
+from llmopt.bench.matrix import Cell, MatrixEntry, habit_fields, matrix, point_key
+from llmopt.bench.point_runs import measure
+from llmopt.bench.point_summary import summarize_runs
+from llmopt.bench.repeats import repeat_summary
 from llmopt.bench.self_check import ClientLoad
+from llmopt.bench.server_lifecycle import serving
 from llmopt.bench.server_metrics import ServerSample
 from llmopt.bench.server_stats import SPEC_COUNTERS, spec_delta
 
+if TYPE_CHECKING:
+    from llmopt.bench.config import ServerSpec
+    from llmopt.bench.sweep import Sweep
+
 RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
-
-
-@dataclass
-class Run:
-    """One run of a point (a point runs --num-runs times, in each of its rounds)."""
-
-    result: PointResult
-    planned_turns: dict[int, int]  # multi-turn runs: each session's number of turns
-    reset: bool | None  # whether the prefix cache was reset before it (None: not asked to)
-    warnings: list[str]
-    samples: list[ServerSample] = field(default_factory=list)  # the server's /metrics during it
-    repeat: int = 0  # its number among the point's runs: what seeds its prompts
-
-
-@dataclass
-class Measured:
-    """The runs of a point on one server start: all of them, or one round's."""
-
-    runs: list[Run]
-    spec: dict[str, float] | None = None  # the speculation counters' growth over them (server_stats.py)
 
 
 def round_repeats(round_: int, num_runs: int) -> range:
@@ -113,3 +102,69 @@ def total_spec(rounds: list[Measured]) -> dict[str, float] | None:
     """The speculation counters' growth over every round (each round's server counted from 0)."""
     grown = [m.spec for m in rounds if m.spec]
     return spec_delta({}, {k: sum(s.get(k) or 0 for s in grown) for k in SPEC_COUNTERS}) if grown else None
+
+
+def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> None:
+    """Round 1 of every server config, each started, benched and stopped in turn, then round 2 of
+    every one, ...; a resumed run skips the rounds it has."""
+    entries = list(enumerate(matrix(sweep.config)))
+    kept = finished_rounds(sweep.run.read_rounds(), sweep.run.read_records(), sweep.done_keys)
+    for round_ in range(sweep.config.rounds):
+        for server_name, spec in targets:
+            todo = []
+            for index, entry in entries:
+                key = point_key(server_name, *entry.cell)
+                if key not in sweep.done_keys and round_ not in kept.get(key, {}):
+                    todo.append((index, entry))
+            if not todo:
+                continue
+            with serving(sweep.config, sweep.run, server_name, spec) as target:
+                for index, entry in todo:
+                    run_round(sweep, target, (server_name, spec), index, entry, round_, kept)
+
+
+def run_round(
+    sweep: Sweep,
+    target: Target,
+    server: tuple[str, ServerSpec | None],
+    index: int,
+    entry: MatrixEntry,
+    round_: int,
+    kept: dict[str, dict[int, Measured]],
+) -> None:
+    """One round of one point, kept in the run folder; after its last round, the point's summary."""
+    server_name, spec = server
+    key = point_key(server_name, *entry.cell)
+    cell_sweep = sweep.for_entry(entry)
+    repeats = round_repeats(round_, sweep.config.num_runs)
+    measured = measure(cell_sweep, target, server_name, spec, index, entry.cell, repeats)
+    sweep.run.append_round(round_entry(key, round_, measured))
+    rounds = kept.setdefault(key, {})
+    rounds[round_] = measured
+    if len(rounds) < sweep.config.rounds:
+        return
+    summary = summarize_rounds(
+        cell_sweep, target, server_name, spec, entry.cell, [rounds[r] for r in sorted(rounds)]
+    )
+    if entry.habit is not None:
+        summary.update(habit_fields(sweep.config, server_name, entry))
+    sweep.finish_point(summary)
+
+
+def summarize_rounds(
+    sweep: Sweep,
+    target: Target,
+    server_name: str,
+    spec: ServerSpec | None,
+    cell: Cell,
+    rounds: list[Measured],
+) -> dict:
+    """A point's summary over its rounds: every round's records pooled, and each headline metric's
+    value in each round with their mean, spread and interval (repeats.py, over rounds, not runs)."""
+    runs = [run for measured in rounds for run in measured.runs]
+    measured = Measured(runs, total_spec(rounds))
+    summary = summarize_runs(sweep, target, server_name, spec, cell, measured)
+    per_round = [[run.result for run in m.runs] for m in rounds]
+    summary["repeats"] = {**repeat_summary(per_round, sweep.slo, sweep.config.percentiles), "over": "rounds"}
+    summary["rounds"] = len(rounds)
+    return summary

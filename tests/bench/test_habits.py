@@ -12,8 +12,9 @@ from llmopt.bench import runner
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
 from llmopt.bench.habit import Habit
+from llmopt.bench.matrix import matrix
 from llmopt.bench.recipe import load_recipe
-from llmopt.bench.sweep import matrix, run_sweep
+from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "client-habits.toml"

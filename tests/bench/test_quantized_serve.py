@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmopt.bench import quantized_serve, sweep
+from llmopt.bench import quantized_serve, server_lifecycle
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
 from llmopt.bench.quantized_serve import (
@@ -167,7 +167,7 @@ warmup = 0
 def test_a_sweep_quantizes_serves_and_records_each_config(
     fake_quantize, openai_endpoint, tokenizer_dir, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(sweep, "LocalServer", FakeServer)
+    monkeypatch.setattr(server_lifecycle, "LocalServer", FakeServer)
     monkeypatch.setattr(FakeServer, "url", openai_endpoint.url.removesuffix("/v1"))
     monkeypatch.setattr(FakeServer, "started", [])
     (tmp_path / "q.toml").write_text(RECIPE)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import typer.main
 
-from llmopt.bench import sweep
+from llmopt.bench import server_lifecycle
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.recipe import load_recipe
@@ -55,7 +55,7 @@ NAMES = {"2": "a", "4": "b"}
 
 @pytest.fixture
 def servers(openai_endpoint, monkeypatch) -> Endpoint:
-    monkeypatch.setattr(sweep, "LocalServer", TakingTurns)
+    monkeypatch.setattr(server_lifecycle, "LocalServer", TakingTurns)
     monkeypatch.setattr(TakingTurns, "endpoint", openai_endpoint)
     monkeypatch.setattr(TakingTurns, "starts", [])
     return openai_endpoint

@@ -9,8 +9,9 @@ import pytest
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
+from llmopt.bench.matrix import point_key
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import point_key, run_sweep
+from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 POINT_FIELDS = {

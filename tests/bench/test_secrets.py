@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from llmopt.bench import sweep
+from llmopt.bench import server_lifecycle
 from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.launcher import API_KEY_ENV, llmopt_serve_env
 from llmopt.bench.rundir import RunDir
@@ -75,7 +75,7 @@ class FakeServer:
 def test_a_local_servers_key_goes_in_its_environment_not_its_command_line(
     openai_endpoint, tokenizer, tmp_path, monkeypatch
 ):
-    monkeypatch.setattr(sweep, "LocalServer", FakeServer)
+    monkeypatch.setattr(server_lifecycle, "LocalServer", FakeServer)
     monkeypatch.setattr(FakeServer, "url", openai_endpoint.url.removesuffix("/v1"))
     monkeypatch.setattr(FakeServer, "started", [])
     spec = ServerSpec("guarded", args={"api-key": SECRET, "max-num-seqs": 2})

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench import machine_meter as meters
-from llmopt.bench import sweep
+from llmopt.bench import server_lifecycle, sweep
 from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.machine_meter import PROCESS_CPU, MachineUse
 from llmopt.bench.rapl import find_zones
@@ -109,7 +109,7 @@ def test_a_started_servers_cpu_comes_from_its_process_tree_round_after_round(
 ):
     """Two rounds (each kept in rounds.jsonl, the point summarized from them): the process tree's CPU
     seconds of each round's run, pooled."""
-    monkeypatch.setattr(sweep, "LocalServer", StartedHere)
+    monkeypatch.setattr(server_lifecycle, "LocalServer", StartedHere)
     monkeypatch.setattr(StartedHere, "url", openai_endpoint.url.removesuffix("/v1"))
     config = BenchConfig(
         servers=[ServerSpec("here")],
