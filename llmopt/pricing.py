@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,29 @@ class Usage:
         assert min(self.prompt_tokens, self.output_tokens, self.cached_tokens, self.cache_write_tokens) >= 0
         # rounding only: cached + written = prompt, computed as prompt - cached
         assert self.cached_tokens + self.cache_write_tokens <= self.prompt_tokens * (1 + 1e-9) + 1e-9, self
+
+
+@dataclass(frozen=True)
+class TokenSums:
+    """The tokens of many requests added up, the bench's request records and bills (Usage) alike: the
+    one sum the bench's summaries and the cost of a workload both take. No Usage, whose parts must fit
+    its prompt: a server may say it cached more than the local tokenizer counted."""
+
+    prompt_tokens: float = 0
+    output_tokens: float = 0
+    cached_tokens: float = 0
+    cache_write_tokens: float = 0
+
+    @classmethod
+    def of(cls, requests: Iterable) -> TokenSums:
+        """A record whose server did not say what it cached (None) adds none; a record writes none."""
+        items = list(requests)
+        return cls(
+            sum(r.prompt_tokens for r in items),
+            sum(r.output_tokens for r in items),
+            sum(r.cached_tokens if r.cached_tokens is not None else 0 for r in items),
+            sum(getattr(r, "cache_write_tokens", 0) for r in items),
+        )
 
 
 @dataclass

@@ -14,6 +14,7 @@ from llmopt.bench.client import RequestRecord
 from llmopt.bench.steady_state import SteadyState, steady_state
 from llmopt.bench.structured_answer import OUTCOMES
 from llmopt.bench.token_count import TOKEN_SOURCES
+from llmopt.pricing import TokenSums
 
 if TYPE_CHECKING:
     from llmopt.bench.load_point import PointResult
@@ -88,11 +89,11 @@ def throughputs(records: list[RequestRecord], span_s: float) -> dict[str, float]
     """Requests and tokens per second of `records` (successful ones) over `span_s`."""
     if span_s <= 0:
         return {"request_throughput": 0.0, "output_throughput": 0.0, "total_token_throughput": 0.0}
-    out_tokens = sum(r.output_tokens for r in records)
+    tokens = TokenSums.of(records)
     return {
         "request_throughput": len(records) / span_s,
-        "output_throughput": out_tokens / span_s,
-        "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in records)) / span_s,
+        "output_throughput": tokens.output_tokens / span_s,
+        "total_token_throughput": (tokens.output_tokens + tokens.prompt_tokens) / span_s,
     }
 
 
@@ -117,8 +118,7 @@ def summarize(
     over its steady state and the summary says so; counts, token totals and goodput over every request."""
     ok = [r for r in records if r.success]
     latency, finished, span = (steady.latency, steady.finished, steady.span_s) if steady else (ok, ok, wall_s)
-    out_tokens = sum(r.output_tokens for r in ok)
-    in_tokens = sum(r.prompt_tokens for r in ok)
+    tokens = TokenSums.of(ok)
     summary = {
         "requests": len(records),
         "successful": len(ok),
@@ -128,9 +128,9 @@ def summarize(
         **structured_counts(ok),
         "duration_s": wall_s,
         **throughputs(finished, span),
-        "prompt_tokens": in_tokens,
-        "output_tokens": out_tokens,
-        "cached_tokens": sum(r.cached_tokens or 0 for r in ok),
+        "prompt_tokens": tokens.prompt_tokens,
+        "output_tokens": tokens.output_tokens,
+        "cached_tokens": tokens.cached_tokens,
         "tokens_from": sorted({r.tokens_from for r in ok}),
         "token_source": token_source(ok),
         "ttft_ms": distribution([r.ttft for r in latency], percentiles),

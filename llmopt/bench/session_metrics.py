@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from llmopt.bench.client import RequestRecord
 from llmopt.bench.request_metrics import DEFAULT_PERCENTILES, distribution
+from llmopt.pricing import TokenSums
 
 
 def cached_fraction(records: list[RequestRecord]) -> float | None:
     """Cached prompt tokens over prompt tokens, of the records whose server said (None if none did)."""
-    told = [r for r in records if r.cached_tokens is not None]
-    prompt = sum(r.prompt_tokens for r in told)
-    return sum(r.cached_tokens for r in told) / prompt if told and prompt else None
+    told = TokenSums.of(r for r in records if r.cached_tokens is not None)
+    return told.cached_tokens / told.prompt_tokens if told.prompt_tokens else None
 
 
 def per_turn(records: list[RequestRecord], percentiles: tuple[float, ...]) -> list[dict]:

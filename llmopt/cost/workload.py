@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmopt.pricing import PricingModel, Usage
+from llmopt.pricing import PricingModel, TokenSums, Usage
 
 
 @dataclass
@@ -29,13 +29,8 @@ class Workload:
 
     def token_totals(self) -> Usage:
         """Every request's tokens added up."""
-        usages = [u for c in self.conversations for u in c]
-        return Usage(
-            sum(u.prompt_tokens for u in usages),
-            sum(u.output_tokens for u in usages),
-            sum(u.cached_tokens for u in usages),
-            sum(u.cache_write_tokens for u in usages),
-        )
+        sums = TokenSums.of(u for c in self.conversations for u in c)
+        return Usage(sums.prompt_tokens, sums.output_tokens, sums.cached_tokens, sums.cache_write_tokens)
 
 
 @dataclass
