@@ -22,9 +22,8 @@ from pathlib import Path
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import ServerSpec
-from llmopt.checkpoints import cache_dir
+from llmopt.checkpoints import QUANT_REPORT_FILE, cache_dir
 
-REPORT_FILE = "quant_report.json"  # what `llmopt quantize` writes beside its checkpoint (quant/report.py)
 # `llmopt quantize`'s methods and the settings it takes as flags, with their types (quant/quantize.py's
 # QuantizeConfig): repeated here because the bench does not import quant; the command checks the values.
 METHODS = ("gptq", "awq", "int8")
@@ -115,7 +114,7 @@ def quantize_command(spec: QuantizeSpec, model: str | None, out: Path) -> list[s
 
 def is_cached(folder: Path) -> bool:
     """A checkpoint is cached once its report is there: `llmopt quantize` publishes them together."""
-    return (folder / REPORT_FILE).is_file()
+    return (folder / QUANT_REPORT_FILE).is_file()
 
 
 def ensure_checkpoint(spec: QuantizeSpec, model: str | None, root: Path, name: str) -> tuple[Path, bool]:
@@ -146,11 +145,11 @@ def ensure_checkpoint(spec: QuantizeSpec, model: str | None, root: Path, name: s
 
 def read_report(folder: Path) -> dict:
     try:
-        report = json.loads((folder / REPORT_FILE).read_text())
+        report = json.loads((folder / QUANT_REPORT_FILE).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise BenchError(f"{folder / REPORT_FILE}: cannot be read ({exc})") from None
+        raise BenchError(f"{folder / QUANT_REPORT_FILE}: cannot be read ({exc})") from None
     if not isinstance(report, dict):
-        raise BenchError(f"{folder / REPORT_FILE}: not a JSON object")
+        raise BenchError(f"{folder / QUANT_REPORT_FILE}: not a JSON object")
     return report
 
 

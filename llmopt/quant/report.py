@@ -9,9 +9,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from llmopt.checkpoints import QUANT_REPORT_FILE as REPORT_FILE
 from llmopt.evaluate.kl_divergence import KLStats
-
-REPORT_FILE = "quant_report.json"
 
 
 @dataclass
