@@ -20,6 +20,7 @@ summaries are replaced atomically, so a crash leaves the previous ones whole.
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import os
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from llmopt.bench.redact import redact_args
+from llmopt.bench.request_metrics import parse_slo
 from llmopt.files import jsonl_records
 
 RECORDS = "requests.jsonl"
@@ -94,6 +97,12 @@ STEADY_COLUMNS = {
 TURN_FIELDS = ["key", "turn", "requests", "successful", "prompt_tokens_mean", "cached_fraction"]
 # A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def run_folder_name(recipe: Path | None, now: dt.datetime | None = None) -> str:
+    """A run's folder when none is named: the time it started, after its recipe's name if it has one."""
+    stamp = (now or dt.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return f"{recipe.stem}-{stamp}" if recipe else stamp
 
 
 def check_server_name(name: object) -> None:
@@ -283,6 +292,17 @@ def _replace(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def recorded_slo(settings: dict) -> dict[str, float]:
+    """The SLOs a run was measured against (seconds), from its settings as summary.json keeps them."""
+    return parse_slo(settings.get("config", {}).get("slo"))
+
+
+def recorded_server_args(point: dict) -> dict | None:
+    """A point's server arguments as they may be shown: the API key's value replaced, also in a run
+    folder written before the bench redacted them."""
+    return redact_args(point.get("server_args"))
 
 
 def machine_info() -> dict:

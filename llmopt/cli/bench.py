@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -17,7 +16,7 @@ from llmopt.bench.client import RequestRecord
 from llmopt.bench.config import BenchConfig, with_overrides
 from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.recipe import load_recipe
-from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir
+from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir, run_folder_name
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail, float_list, int_list
@@ -274,7 +273,7 @@ def start_bench(
         config = with_overrides(load_recipe(recipe) if recipe else BenchConfig(), overrides)
         config.validate()
         tok = load_tokenizer(resolve_tokenizer(config.tokenizer))
-        name = run_name or (recipe.stem + "-" if recipe else "") + dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        name = run_name or run_folder_name(recipe)
         return run_bench(config, results_dir / name, resume, tok, console)
     except (BenchError, ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
