@@ -165,6 +165,30 @@ class Collector:
         if limit is not None and done >= 10 and self.failed / done > limit and not self.stop:
             self.stop.append(f"error rate {self.failed}/{done} above {limit:g}")
 
+    def result(
+        self,
+        wall_s: float,
+        tools: str | None,
+        client: list[ClientLoad],
+        started: float,
+        machine: MachineUse | None,
+        workers: int = 1,
+    ) -> PointResult:
+        """The point's result once its loops have ended: its records, and why it stopped early or
+        saturated, if it did, with what the processes that sent it measured."""
+        stopped = self.stop[0] if self.stop else None
+        return PointResult(
+            self.records,
+            wall_s,
+            stopped,
+            tools,
+            client=client,
+            workers=workers,
+            started=started,
+            machine=machine,
+            saturation=self.saturated,
+        )
+
 
 def warm_list(point: LoadPoint, requests: list[BenchRequest]) -> list[BenchRequest]:
     """The point's `warmup` warm-up requests: its own warm-up prompts, else its first ones, in turn."""

@@ -101,13 +101,4 @@ async def measured(
         wall = time.perf_counter() - t0
         load = check.stop()
         machine = meter.stop() if meter is not None else None
-    return PointResult(
-        collect.records,
-        wall,
-        collect.stop[0] if collect.stop else None,
-        tools,
-        client=[load],
-        started=t0,
-        saturation=collect.saturated,
-        machine=machine,
-    )
+    return collect.result(wall, tools, [load], t0, machine)

@@ -152,18 +152,7 @@ async def run_in_workers(
     loads = [load for _, load, _ in done.values()]
     tools = [used for _, _, used in done.values()]
     tools = next((t for t in tools if t not in (None, "sent")), tools[0])  # a refusal is what to say
-    stopped = collect.stop[0] if collect.stop else None
-    return PointResult(
-        collect.records,
-        wall,
-        stopped,
-        tools,
-        client=loads,
-        workers=len(plan),
-        started=started,
-        saturation=collect.saturated,
-        machine=machine,
-    )
+    return collect.result(wall, tools, loads, started, machine, workers=len(plan))
 
 
 async def receive(channel: Channel, procs: list, collect: Collector, until: str) -> dict[int, object]:
