@@ -9,8 +9,7 @@ from pathlib import Path
 
 from jinja2 import Environment
 
-from llmopt.bench.redact import redact_args
-from llmopt.bench.request_metrics import parse_slo
+from llmopt.bench.rundir import recorded_server_args, recorded_slo
 from llmopt.pricing import load_pricing
 from llmopt.report import plots, server_metrics_section
 from llmopt.report.client_habits import HEADERS as HABIT_HEADERS
@@ -44,7 +43,7 @@ def run_settings(run: Run) -> list[tuple[str, str]]:
     endpoints = sorted({p.get("endpoint", "") for p in run.points})
     models = sorted({p.get("model", "") for p in run.points})
     # Redacted here too: a run folder written before the bench redacted them may hold a server's key.
-    servers = {p["server"]: redact_args(p.get("server_args")) for p in run.points}
+    servers = {p["server"]: recorded_server_args(p) for p in run.points}
     machine = s.get("machine", {})
     return [
         ("endpoint(s)", ", ".join(endpoints)),
@@ -151,7 +150,7 @@ def slo_lines(runs: list[Run]) -> dict[str, float]:
     """Every run's SLOs in milliseconds (a later run's value for the same metric wins)."""
     slo: dict[str, float] = {}
     for run in runs:
-        slo.update({k: v * 1000 for k, v in parse_slo(run.settings.get("config", {}).get("slo")).items()})
+        slo.update({k: v * 1000 for k, v in recorded_slo(run.settings).items()})
     return slo
 
 
