@@ -26,8 +26,9 @@ DONE = "data: [DONE]\n\n"
 
 
 @dataclass
-class Usage:
-    """Token totals of one response; a prompt shared by n choices counts once, as OpenAI counts it."""
+class ResponseUsage:
+    """Token totals of one response, its `usage` block (no bill: that is pricing.Usage); a prompt shared by
+    n choices counts once, as OpenAI counts it."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -166,7 +167,7 @@ async def complete(group: RequestGroup, reply: Reply) -> JSONResponse:
     echoes = [writer.take_echo(i) if writer is not None else "" for i in range(len(group.request_ids))]
     texts = [""] * len(group.request_ids)
     finish: list[str | None] = [None] * len(group.request_ids)
-    usage = Usage()
+    usage = ResponseUsage()
     async for index, out in group.outputs():
         texts[index] += out.new_text
         if writer is not None:
@@ -244,7 +245,7 @@ async def stream(group: RequestGroup, reply: Reply, include_usage: bool) -> Asyn
     opened: set[int] = set()
     parsers: dict[int, ChoiceParser | None] = {}
     templates: dict[int, TextChunk | None] = {}
-    usage = Usage()
+    usage = ResponseUsage()
     async for index, out in group.outputs():
         # Most chunks are a plain text delta (no logprobs, no tool parser, not the last): written from
         # the choice's pre-rendered chunk, the text its only part to encode. Its first output takes the

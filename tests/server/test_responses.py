@@ -19,8 +19,8 @@ from llmopt.server.responses import (
     CHAT_COMPLETION,
     TEXT_COMPLETION,
     Reply,
+    ResponseUsage,
     TextChunk,
-    Usage,
     _event,
     complete,
     stream,
@@ -52,7 +52,7 @@ def events(group: ReplayedGroup, reply: Reply, include_usage: bool) -> list[str]
 
 
 def test_usage_counts_a_shared_prompt_once_and_only_finished_outputs():
-    usage = Usage()
+    usage = ResponseUsage()
     usage.add(RequestOutput("r", [1], "a", False, prompt_tokens=9, output_tokens=9), 0, 2)
     for index in range(4):  # two prompts (7 and 5 tokens), two choices each
         usage.add(finished(7 if index < 2 else 5, 3, cached=4 if index < 2 else 0), index, 2)
