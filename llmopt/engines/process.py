@@ -1,64 +1,67 @@
-"""A peer as a foreground process: started with its environment, announced once it answers its
-readiness route, SIGINT and SIGTERM passed on to it, stopped cleanly, and its exit status returned."""
+"""A server in a child process, whichever engine it runs: started with its environment (its output to a
+log when the caller keeps one), polled on its readiness route until it answers, and stopped with a
+signal, then SIGKILL once the grace period is over. `llmopt serve --engine ...` (foreground.py) and the
+bench (bench/launcher.py) both start their servers through it."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import subprocess
-import sys
 import time
+from dataclasses import dataclass
+from typing import IO
 
 import httpx
 
-from llmopt.engines.command import EngineCommand
-
-STOP_TIMEOUT_S = 30  # after a forwarded signal, then SIGKILL
+STOP_TIMEOUT_S = 30  # after the stopping signal, then SIGKILL
 
 
-def run_foreground(command: EngineCommand, url: str, ready_timeout_s: float = 600) -> int:
-    """Run `command` until it exits; `url` is where it listens. Returns its exit status (128 + N when a
-    signal N ended it, as a shell reports it)."""
-    proc = subprocess.Popen(command.argv, env=command.environment())
-    forwarded: list[int] = []
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
 
-    def forward(signum: int, _frame) -> None:
-        forwarded.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
+    @classmethod
+    def start(
+        cls, argv: list[str], env: dict[str, str] | None = None, log: IO | None = None
+    ) -> ServerProcess:
+        """`argv` with `env` (None: ours); stdout and stderr into `log`, or ours when None."""
+        stderr = subprocess.STDOUT if log is not None else None
+        return cls(subprocess.Popen(argv, env=env, stdout=log, stderr=stderr))
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        wait_ready(proc, url + command.ready_path, ready_timeout_s, command.engine)
-        proc.wait()  # a forwarded signal does not end the wait (PEP 475): the peer's exit does
-    finally:
-        if proc.poll() is None:
-            stop(proc, forwarded[-1] if forwarded else signal.SIGTERM)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    code = proc.returncode
-    return 128 - code if code < 0 else code
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
 
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
 
-def wait_ready(proc: subprocess.Popen, url: str, timeout_s: float, engine: str) -> None:
-    """Poll `url` until it answers 200; say so on stderr. A process that exits first ends the wait."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                print(f"{engine} is ready at {url.rsplit('/', 1)[0]}/v1", file=sys.stderr, flush=True)
-                return
-        time.sleep(0.5)
-    if proc.poll() is None:
-        print(f"{engine} did not answer {url} within {timeout_s:.0f} s; stopping it", file=sys.stderr)
-        stop(proc, signal.SIGTERM)
+    def running(self) -> bool:
+        return self.proc.poll() is None
 
+    def wait_ready(self, url: str, timeout_s: float, poll_s: float = 0.5) -> bool:
+        """Poll `url` until it answers 200 (True); False once the process has exited or `timeout_s`
+        passed without an answer (the caller says which, and stops it)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.running():
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return True
+            time.sleep(poll_s)
+        return False
 
-def stop(proc: subprocess.Popen, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signum)
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    def send(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it exited in between
+            self.proc.send_signal(signum)
+
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Send `signum` to a running process and wait `timeout_s` for it, then SIGKILL; its exit status."""
+        if self.running():
+            self.send(signum)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

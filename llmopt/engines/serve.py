@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from llmopt.engines.command import EngineCommand
+from llmopt.engines.foreground import run_foreground
 from llmopt.engines.options import ServeOptions
 from llmopt.engines.peers import peer
-from llmopt.engines.process import run_foreground
 from llmopt.engines.python import find_python
 
 
