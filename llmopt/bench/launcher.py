@@ -1,19 +1,20 @@
 """Start a server process on a free local port, wait until /health answers, stop it by its pid
-(SIGTERM, then SIGKILL) — also when the caller is interrupted."""
+(SIGTERM, then SIGKILL) — also when the caller is interrupted. The process itself is engines/process.py's;
+this adds the port, the log and the bench's errors."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
-import time
+from collections.abc import Callable
 from pathlib import Path
 
-import httpx
+from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
+from llmopt.engines.options import API_KEY_ENV
+from llmopt.engines.process import STOP_TIMEOUT_S, ServerProcess
+
+__all__ = ["API_KEY_ENV", "LocalServer", "free_port", "llmopt_serve_command", "llmopt_serve_env"]
 
 
 def free_port() -> int:
@@ -22,21 +23,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` reads its API key
-
-
 def llmopt_serve_command(port: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "llmopt.cli", "serve", "--port", str(port), *args]
+    return llmopt_serve_argv(port, args)
 
 
 def llmopt_serve_env(api_key: str | None) -> dict[str, str]:
     """The environment of a local `llmopt serve`: ours, with `api_key` in $LLMOPT_API_KEY (a command
     line is readable by every user of the machine, an environment is not), or no key at all, whatever
     our own environment holds, so that the server asks for exactly the key the bench sends."""
-    env = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
-    if api_key:
-        env[API_KEY_ENV] = api_key
-    return env
+    return llmopt_environment(api_key)
 
 
 class LocalServer:
@@ -44,7 +39,7 @@ class LocalServer:
 
     def __init__(
         self,
-        command,
+        command: Callable[[int], list[str]],
         ready_timeout_s: float = 300,
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
@@ -55,43 +50,33 @@ class LocalServer:
         self._temporary_log = log_path is None  # removed on stop; a caller's log is kept
         self.log_path = log_path or Path(tempfile.mkstemp(prefix="llmopt-server-", suffix=".log")[1])
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(command(self.port), stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.process = ServerProcess.start(command(self.port), env, self._log)
+        self.proc = self.process.proc
 
     @property
     def pid(self) -> int:
         """The server's process: what the bench reads its CPU time from (machine_meter.py)."""
-        return self.proc.pid
+        return self.process.pid
 
     def wait_ready(self) -> LocalServer:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_tail()
-                self.stop()
-                raise RuntimeError(f"the server exited with status {self.proc.returncode}:\n{tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.2)
+        if self.process.wait_ready(self.url + "/health", self.ready_timeout_s, poll_s=0.2):
+            return self
+        exited = not self.process.running()
         tail = self.log_tail()
         self.stop()
+        if exited:
+            raise RuntimeError(f"the server exited with status {self.proc.returncode}:\n{tail}")
         raise RuntimeError(f"the server did not answer /health within {self.ready_timeout_s:.0f} s:\n{tail}")
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        code = self.process.stop(sig, timeout_s)
         self._log.close()
         if self._temporary_log:
             self.log_path.unlink(missing_ok=True)
-        return self.proc.returncode
+        return code
 
     def __enter__(self) -> LocalServer:
         try:

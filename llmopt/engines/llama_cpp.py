@@ -10,11 +10,10 @@ from llmopt.checkpoints import DEFAULT_MODEL
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
 from llmopt.engines.handoff import llama_cpp_model
-from llmopt.engines.options import ServeOptions, refuse_unmapped
+from llmopt.engines.options import API_KEY_ENV, ServeOptions, refuse_unmapped
 
 ENGINE = "llama.cpp"
 LAUNCHER = Path(__file__).with_name("llama_cpp_server.py")
-API_KEY_ENV = "LLMOPT_API_KEY"  # where the launcher reads the key (never from its command line)
 SLOT_LEN = 2048  # context per slot when --max-model-len is not given (llama.cpp would split 8192 by slots)
 # option -> launcher flag, given its value whenever it has one.
 FLAGS = {
@@ -36,7 +35,7 @@ def llama_cpp_command(options: ServeOptions, python: str) -> EngineCommand:
     if not options.enable_prefix_caching:
         argv.append("--no-cache-prompt")
     argv += speculative(options)
-    env = {API_KEY_ENV: options.api_key} if options.api_key else {}
+    env = {API_KEY_ENV: options.api_key} if options.api_key else {}  # the launcher reads it there
     return EngineCommand(ENGINE, argv, env, {API_KEY_ENV})
 
 

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 
-API_KEY_ENV = "LLMOPT_API_KEY"
+API_KEY_ENV = "LLMOPT_API_KEY"  # options.API_KEY_ENV, spelled out: this script imports nothing of llmopt
 
 
 def parse_args() -> argparse.Namespace:

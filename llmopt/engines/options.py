@@ -1,41 +1,57 @@
-"""The serve options every engine is given: `llmopt serve`'s flags (vLLM's names) with its defaults. An
-engine translates the ones it has; one it lacks is an error only when set away from its default."""
+"""The serve options every engine is given, llmopt's own among them: `llmopt serve`'s flags (vLLM's
+names) with their defaults. An engine translates the ones it has; one it lacks is an error only when set
+away from its default."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from llmopt.engines.errors import EngineError
+
+API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` (and llama.cpp's launcher) read the API key
+
+# Which part of llmopt's own serving takes an option (llmopt serve on its engine, cli/serve.py): the
+# engine's EngineConfig, the API's ServerSettings, or the Listener uvicorn binds; none: peers only.
+ENGINE, API, LISTENER = "engine", "api", "listener"
+
+
+def option(default: object, part: str | None = None) -> Any:
+    return field(default=default, metadata={"part": part})
 
 
 @dataclass
 class ServeOptions:
-    model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: str | None = None
-    api_key: str | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    kv_cache_memory_gb: float = 1.0
-    enable_prefix_caching: bool = True
-    max_model_len: int | None = None
-    dtype: str = "auto"  # each checkpoint in its own format (llmopt/engine/precision.py)
-    max_queue_len: int = 256
-    max_request_bytes: int = 4 * 2**20
-    limit_concurrency: int = 1024
-    timeout_keep_alive: float = 5.0
-    speculative_config: str | dict | None = None
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    inflight_prefix_sharing: bool = True  # llmopt's own: no peer has it (keyword only in cli/serve.py)
-    kv_cache_dtype: str = "auto"  # llmopt's "int8" (keyword only in cli/serve.py); peers: not translated
-    lm_head_dtype: str = "auto"  # llmopt's int8 output layer (keyword only in cli/serve.py)
+    """Every serve option with its default, written here only: `llmopt serve`'s flags default to these
+    (cli/serve.py), a recipe's `[[serve]] args` override them, and each engine translates them."""
+
+    model: str | None = option(None, ENGINE)
+    host: str = option("127.0.0.1", LISTENER)
+    port: int = option(8000, LISTENER)
+    served_model_name: str | None = option(None)  # the API's name: the model's when None (cli/serve.py)
+    api_key: str | None = option(None, API)
+    max_num_seqs: int = option(64, ENGINE)
+    max_num_batched_tokens: int = option(512, ENGINE)
+    block_size: int = option(16, ENGINE)
+    num_kv_blocks: int | None = option(None, ENGINE)
+    kv_cache_memory_gb: float = option(1.0, ENGINE)
+    enable_prefix_caching: bool = option(True, ENGINE)
+    max_model_len: int | None = option(None, ENGINE)
+    dtype: str = option("auto", ENGINE)  # each checkpoint in its own format (llmopt/engine/precision.py)
+    max_queue_len: int = option(256, API)
+    max_request_bytes: int = option(4 * 2**20, API)
+    limit_concurrency: int = option(1024, LISTENER)
+    timeout_keep_alive: float = option(5.0, LISTENER)
+    speculative_config: str | dict | None = option(None, ENGINE)
+    tensor_parallel_size: int = option(1)
+    pipeline_parallel_size: int = option(1)
+    data_parallel_size: int = option(1)
+    # llmopt's own (keyword only in cli/serve.py): no peer has them
+    inflight_prefix_sharing: bool = option(True, ENGINE)
+    kv_cache_dtype: str = option("auto", ENGINE)  # llmopt's "int8"; peers: not translated
+    lm_head_dtype: str = option("auto", ENGINE)  # llmopt's int8 output layer
 
     @classmethod
     def from_args(cls, model: str | None, args: dict, port: int) -> ServeOptions:
@@ -48,6 +64,10 @@ class ServeOptions:
                 raise EngineError(f"unknown serve flag --{name.replace('_', '-')}")
             values[name] = value
         return cls(model=model, port=port, **values)
+
+    def part(self, name: str) -> dict:
+        """The options `name` (ENGINE, API or LISTENER) takes, by field name, as keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["part"] == name}
 
     def changed(self) -> list[str]:
         """The options set away from their defaults, by field name."""

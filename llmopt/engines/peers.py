@@ -1,18 +1,18 @@
-"""The engines llmopt starts besides its own: where each one's Python is found, how it is installed (in
-a venv of its own: their pins clash with llmopt's), and which translator builds its command."""
+"""The engines llmopt starts, its own among them: where each one's Python is found, how it is installed
+(a peer in a venv of its own: their pins clash with llmopt's), and which translator builds its command."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
 from llmopt.engines.llama_cpp import llama_cpp_command
+from llmopt.engines.llmopt import llmopt_command
 from llmopt.engines.options import ServeOptions
 from llmopt.engines.vllm import vllm_command
-
-ENGINES = ("llmopt", "vllm", "llama.cpp")
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,11 @@ class Peer:
     venv: str  # the venv looked for in the current folder
     install: str
     command: Callable[[ServeOptions, str], EngineCommand]
+    python: str | None = None  # a Python fixed in advance (llmopt's: this one); None: python.py finds it
 
 
 PEERS = {
+    "llmopt": Peer("llmopt", "llmopt", "", "", "pip install llmopt", llmopt_command, python=sys.executable),
     "vllm": Peer(
         "vllm",
         "vllm",
@@ -52,3 +54,6 @@ def peer(engine: str) -> Peer:
     if engine not in PEERS:
         raise EngineError(f"--engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     return PEERS[engine]
+
+
+ENGINES = tuple(PEERS)  # llmopt, vllm, llama.cpp

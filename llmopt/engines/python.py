@@ -14,7 +14,10 @@ from llmopt.engines.peers import Peer
 
 def find_python(peer: Peer, given: str | None = None, check: bool = True) -> str:
     """The peer's Python; with `check`, one that cannot import the peer is an error saying how to
-    install it. Without (--dry-run), the first candidate found is shown as it is."""
+    install it. Without (--dry-run), the first candidate found is shown as it is. llmopt's own Python is
+    the one running."""
+    if peer.python:
+        return given or peer.python
     named = given or os.environ.get(peer.python_env)
     if named:
         candidates = [named]

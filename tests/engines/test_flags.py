@@ -13,7 +13,8 @@ import pytest
 
 from llmopt.engines.errors import EngineError
 from llmopt.engines.llama_cpp import llama_cpp_command
-from llmopt.engines.options import ServeOptions
+from llmopt.engines.llmopt import llmopt_command
+from llmopt.engines.options import API_KEY_ENV, ServeOptions
 from llmopt.engines.vllm import vllm_command
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}'
@@ -78,7 +79,32 @@ LLAMA_REFUSED = [
     ("kv_cache_dtype", "int8"),
     ("lm_head_dtype", "int8"),
 ]
+# llmopt's own `llmopt serve`, as the bench starts it: every option a flag of its name, set or not.
+LLMOPT_FLAGS = [
+    ("host", "0.0.0.0", ["--host", "0.0.0.0"]),
+    ("port", 9001, ["--port", "9001"]),
+    ("served_model_name", "mine", ["--served-model-name", "mine"]),
+    ("max_num_seqs", 8, ["--max-num-seqs", "8"]),
+    ("max_num_batched_tokens", 1024, ["--max-num-batched-tokens", "1024"]),
+    ("block_size", 32, ["--block-size", "32"]),
+    ("num_kv_blocks", 100, ["--num-kv-blocks", "100"]),
+    ("kv_cache_memory_gb", 2.0, ["--kv-cache-memory-gb", "2.0"]),
+    ("enable_prefix_caching", False, ["--no-enable-prefix-caching"]),
+    ("max_model_len", 2048, ["--max-model-len", "2048"]),
+    ("dtype", "bfloat16", ["--dtype", "bfloat16"]),
+    ("max_queue_len", 10, ["--max-queue-len", "10"]),
+    ("max_request_bytes", 1000, ["--max-request-bytes", "1000"]),
+    ("limit_concurrency", 10, ["--limit-concurrency", "10"]),
+    ("timeout_keep_alive", 1.0, ["--timeout-keep-alive", "1.0"]),
+    ("speculative_config", NGRAM, ["--speculative-config", NGRAM]),
+    ("inflight_prefix_sharing", False, ["--no-inflight-prefix-sharing"]),
+    ("kv_cache_dtype", "int8", ["--kv-cache-dtype", "int8"]),
+    ("lm_head_dtype", "int8", ["--lm-head-dtype", "int8"]),
+]
+LLMOPT_ENV = [("api_key", "s3cret", {API_KEY_ENV: "s3cret"})]
+LLMOPT_REFUSED = [("tensor_parallel_size", 2), ("pipeline_parallel_size", 2), ("data_parallel_size", 2)]
 ENGINES = {
+    "llmopt": (llmopt_command, LLMOPT_FLAGS, LLMOPT_ENV, LLMOPT_REFUSED),
     "vllm": (vllm_command, VLLM_FLAGS, VLLM_ENV, VLLM_REFUSED),
     "llama.cpp": (llama_cpp_command, LLAMA_FLAGS, LLAMA_ENV, LLAMA_REFUSED),
 }
@@ -178,6 +204,26 @@ def test_the_launcher_accepts_every_flag_the_translation_writes(gguf, monkeypatc
     parsed = llama_cpp_server.parse_args()
     assert (parsed.np, parsed.ctx, parsed.no_cache_prompt, parsed.spec_ngram_size) == (3, 768, True, 5)
     assert parsed.model == str(gguf) and parsed.alias == str(gguf)
+
+
+def test_llmopt_serve_accepts_every_flag_the_translation_writes(gguf):
+    """The command llmopt_command builds, every option set, parses as `llmopt serve` (a dry run)."""
+    from typer.testing import CliRunner
+
+    from llmopt.cli import app
+
+    values = {option: value for option, value, _ in LLMOPT_FLAGS}
+    argv = llmopt_command(ServeOptions(str(gguf), **values), sys.executable).argv
+    assert argv[:5] == [sys.executable, "-m", "llmopt.cli", "serve", "--port"] and argv[6] == str(gguf)
+    result = CliRunner().invoke(app, [*argv[3:], "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "kv_cache_dtype='int8'" in result.output and "inflight_prefix_sharing=False" in result.output
+
+
+def test_the_launcher_reads_the_key_where_the_translation_puts_it():
+    from llmopt.engines import llama_cpp_server
+
+    assert llama_cpp_server.API_KEY_ENV == API_KEY_ENV  # spelled out there: it imports nothing of llmopt
 
 
 def test_the_serve_commands_defaults_are_the_options_defaults():
