@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -21,11 +20,12 @@ class Server(uvicorn.Server):
     """uvicorn, plus: say where we listen once ready, and end running requests at once on a signal
     (each stream gets an error chunk) instead of waiting for them to finish."""
 
-    def __init__(self, config: uvicorn.Config, app, model_name: str, api_key: str | None):
+    def __init__(self, config: uvicorn.Config, app, settings: ServerSettings):
         super().__init__(config)
         self.app = app
-        self.model_name = model_name
-        self.api_key = api_key  # never printed: logs end up in files (bench run folders, CI output)
+        self.model_name = settings.served_model_name
+        self.api_key = settings.api_key  # never printed: logs end up in files (bench run folders, CI output)
+        self.api_key_env = settings.api_key_env
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -36,7 +36,8 @@ class Server(uvicorn.Server):
             for sock in server.sockets:
                 host, port = sock.getsockname()[:2]
         url = f"http://{host}:{port}"
-        auth = ' -H "Authorization: Bearer $LLMOPT_API_KEY"' if self.api_key else ""
+        key = f"${self.api_key_env}" if self.api_key_env else "KEY"
+        auth = f' -H "Authorization: Bearer {key}"' if self.api_key else ""
         print(f"llmopt serving {self.model_name} at {url}/v1", flush=True)
         if self.api_key:
             print(f"/v1 needs the API key (the one ending in {self.api_key[-4:]!r})", flush=True)
@@ -55,12 +56,12 @@ class Server(uvicorn.Server):
 class Listener:
     """Where uvicorn listens and how many connections it holds: beyond `limit_concurrency` open
     connections new ones get 503, and idle keep-alive connections close after `timeout_keep_alive` s, so
-    slow or idle clients cannot hold every socket."""
+    slow or idle clients cannot hold every socket. The values come from the serve options."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    limit_concurrency: int | None = 1024
-    timeout_keep_alive: float = 5.0
+    host: str
+    port: int
+    limit_concurrency: int | None
+    timeout_keep_alive: float
 
 
 def load_engine(config: EngineConfig) -> LLMEngine:
@@ -74,9 +75,6 @@ def load_engine(config: EngineConfig) -> LLMEngine:
 
 
 def serve(config: EngineConfig, settings: ServerSettings, listener: Listener) -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
     engine = load_engine(config)
     print(engine.runner.startup_line, flush=True)
     app = create_app(engine, settings)
@@ -89,4 +87,4 @@ def serve(config: EngineConfig, settings: ServerSettings, listener: Listener) ->
         limit_concurrency=listener.limit_concurrency,
         timeout_keep_alive=listener.timeout_keep_alive,
     )
-    Server(uvicorn_config, app, settings.served_model_name, settings.api_key).run()
+    Server(uvicorn_config, app, settings).run()

@@ -39,3 +39,16 @@ def test_kv_cache_dtype_reaches_the_engine_config_and_a_bogus_one_is_a_usage_err
     assert bogus.returncode == 2
     assert "--kv-cache-dtype must be one of auto, int8, not 'bogus'" in bogus.stdout + bogus.stderr
     assert "Traceback" not in bogus.stdout + bogus.stderr
+
+
+def test_the_engine_configs_defaults_are_the_serve_options():
+    """EngineConfig keeps defaults of its own for `LLM(...)` (the engine cannot import engines/options.py):
+    they must be the serve options' defaults, so `LLM(model)` runs as `llmopt serve model` does."""
+    import dataclasses
+
+    from llmopt.engine.config import EngineConfig
+    from llmopt.engines.options import ENGINE, ServeOptions
+
+    serve = ServeOptions().part(ENGINE)
+    engine = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    assert serve == {name: engine[name] for name in serve}

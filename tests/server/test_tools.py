@@ -271,7 +271,7 @@ def test_a_template_that_renders_tools_gets_them_and_the_calls_as_objects(model_
 
 def test_a_model_without_a_chat_template_answers_chat_with_a_400_pointing_at_completions():
     base_model = SimpleNamespace(tokenizer=SimpleNamespace(chat_template=None))
-    routes = Routes(base_model, None, None, ServerSettings("base"), None)
+    routes = Routes(base_model, None, None, ServerSettings("base", None, 4 * 2**20), None)
     req = ChatCompletionRequest(messages=ASK)
     with pytest.raises(APIError) as error:
         routes.chat_prompt(req.messages, None)
