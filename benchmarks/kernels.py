@@ -7,6 +7,9 @@
   against 1 row (and the same summed over every linear of one decode step);
 - decode attention: torch.ops.llmopt.paged_decode_attention against the engine's fallback (gather the
   blocks, then SDPA) for 16 rows of 200 and 2,048 cached tokens;
+- prefill attention: torch.ops.llmopt.paged_prefill_attention against the engine's fallback (gather the
+  blocks, then SDPA with a causal mask) for a fresh 512-token prompt and for the agent loop's later turns:
+  4 rows of 130 new tokens over 2,200 cached ones;
 - bf16 torch.mm against fp32 torch.mm at 16 and 512 rows.
 
 Weights and KV caches are cold and model-sized: each call reads a different copy, cycling through
@@ -34,7 +37,7 @@ from transformers import AutoConfig
 from llmopt.checkpoints import resolve_model
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.layers.attention import AttentionGroup, attend_decode
+from llmopt.engine.layers.attention import AttentionGroup, attend_decode, attend_prefill
 from llmopt.engine.layers.linear import PANEL, pack_panels
 from results import write_result
 
@@ -178,6 +181,54 @@ def measure_attention(config, args: argparse.Namespace, console: Console) -> lis
     return results
 
 
+# (rows, new tokens a row, context a row): a cold prompt, and the agent loop's turns behind a cached history.
+PREFILL_SHAPES = ((1, 512, 512), (4, 130, 2200))
+
+
+def prefill_subjects(config, rows: int, new: int, context: int) -> dict[str, tuple]:
+    """The prefill kernel and gather+SDPA on one pool: `rows` rows whose last `new` of `context` tokens
+    are the chunk's queries, blocks scattered over the pool."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    block = EngineConfig().block_size
+    per_row = math.ceil(context / block)
+    k_cache, v_cache = torch.randn(2, rows * per_row, block, kv_heads, head_dim)
+    tables = torch.randperm(rows * per_row).view(rows, per_row)
+    lens, news = torch.full((rows,), context), torch.full((rows,), new)
+    q = torch.randn(rows * new, heads, head_dim)
+    query_pos = torch.arange(context - new, context)[None, None, :, None]
+    mask = (torch.arange(per_row * block)[None, None, None, :] <= query_pos).expand(rows, 1, new, -1)
+    query_index = torch.arange(rows * new).view(rows, new)
+    group = AttentionGroup(tables, lens, mask, query_index, torch.arange(rows * new), query_lens=news)
+    scale = head_dim**-0.5
+
+    def kernel(pool):
+        return torch.ops.llmopt.paged_prefill_attention(q, pool[0], pool[1], tables, lens, news, scale, 0)
+
+    def sdpa(pool):
+        return attend_prefill(q, pool[0], pool[1], group, scale)
+
+    torch.testing.assert_close(kernel((k_cache, v_cache)), sdpa((k_cache, v_cache)), rtol=1e-4, atol=1e-4)
+    return {"kernel": (kernel, [(k_cache, v_cache)]), "gather+sdpa": (sdpa, [(k_cache, v_cache)])}
+
+
+def measure_prefill(config, args: argparse.Namespace, console: Console) -> list[dict]:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    results = []
+    for rows, new, context in PREFILL_SHAPES:
+        console.print(f"prefill attention, {rows} rows x {new} new of {context} tokens ...")
+        times = take_turns(prefill_subjects(config, rows, new, context), args.repeats)
+        keys = rows * sum(context - new + i + 1 for i in range(new))  # (query, key) pairs, causal
+        flops = 4 * keys * heads * head_dim  # q.k and the weighted value: 2 multiply-adds a dimension
+        row = {"rows": rows, "new": new, "context": context, "flops": flops, "samples_s": times}
+        for subject, samples in times.items():
+            median = statistics.median(samples)
+            row[subject] = {"ms": 1000 * median, "gflop_s": flops / median / 1e9}
+        results.append(row)
+    return results
+
+
 def read_bandwidth_gbs() -> float:
     """The machine's read bandwidth for reference: best of 6 sums of a 1 GiB tensor."""
     data = torch.ones(2**28)
@@ -295,12 +346,36 @@ def attention_table(results: list[dict], load: MachineLoad, repeats: int) -> Tab
     return table
 
 
+def prefill_table(results: list[dict], load: MachineLoad, repeats: int) -> Table:
+    table = Table(title=load.title(f"prefill attention, median of {repeats} (subjects take turns)"))
+    for col in (
+        "rows x new / context",
+        "kernel ms",
+        "kernel GFLOP/s",
+        "gather+SDPA ms",
+        "gather+SDPA GFLOP/s",
+        "speed-up",
+    ):
+        table.add_column(col, justify="right")
+    for r in results:
+        k, s = r["kernel"], r["gather+sdpa"]
+        table.add_row(
+            f"{r['rows']} x {r['new']} / {r['context']}",
+            f"{k['ms']:.2f}",
+            f"{k['gflop_s']:.1f}",
+            f"{s['ms']:.2f}",
+            f"{s['gflop_s']:.1f}",
+            f"{s['ms'] / k['ms']:.2f}x",
+        )
+    return table
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=7, help="passes per subject; the median is kept")
     ap.add_argument("--cold-mb", type=int, default=256, help="copies of each weight / cache, in MiB")
     ap.add_argument("--rows", default="1,4,16,64,512", help="row counts of the linear measurements")
-    ap.add_argument("--only", default="linear,attention", help="a subset of linear,attention")
+    ap.add_argument("--only", default="linear,attention,prefill", help="a subset of linear,attention,prefill")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats must be at least 2: the subjects take turns")
@@ -323,6 +398,8 @@ def main() -> None:
             out["linear"] = measure_linears(shapes, args.rows, args, console)
         if "attention" in args.only:
             out["attention"] = measure_attention(config, args, console)
+        if "prefill" in args.only:
+            out["prefill_attention"] = measure_prefill(config, args, console)
     console.print(f"read bandwidth (best of 6 sums of 1 GiB): {out['read_bandwidth_gbs']:.1f} GB/s")
     tables: list[Table] = []
     if "linear" in out:
@@ -331,6 +408,8 @@ def main() -> None:
         tables += [table, bf16_table(out["linear"], load)]
     if "attention" in out:
         tables.append(attention_table(out["attention"], load, args.repeats))
+    if "prefill_attention" in out:
+        tables.append(prefill_table(out["prefill_attention"], load, args.repeats))
     for table in tables:
         console.print(table)
     write_result("kernels", {**out, **load.finish(console)}, tables)
