@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.sampling_params import SamplingParams
+from llmopt.engine.token_logprobs import TokenLogprob
 
 
 @dataclass

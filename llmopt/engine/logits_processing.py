@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmopt.engine.logprobs import first_prompt_token, token_logprobs
 from llmopt.engine.penalties import apply_penalties
 from llmopt.engine.sampler import ban_stop_tokens
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.structured.bitmask import BatchMask
+from llmopt.engine.token_logprobs import first_prompt_token, token_logprobs
 
 
 @dataclass(frozen=True)

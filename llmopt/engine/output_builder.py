@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from llmopt.engine.detokenizer import IncrementalDetokenizer
-from llmopt.engine.logprobs import TokenLogprob, token_logprobs
 from llmopt.engine.outputs import RequestOutput
 from llmopt.engine.scheduler import Scheduler
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.step_log import RequestTrace, StepLog
 from llmopt.engine.stop import stop_reason
+from llmopt.engine.token_logprobs import TokenLogprob, token_logprobs
 
 OutputCallback = Callable[[RequestOutput], None]
 

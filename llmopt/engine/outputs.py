@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmopt.engine.logprobs import TokenLogprob
+from llmopt.engine.token_logprobs import TokenLogprob
 
 
 @dataclass

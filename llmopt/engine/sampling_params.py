@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmopt.engine.logprobs import MAX_LOGPROBS
 from llmopt.engine.structured.request import StructuredOutput
+from llmopt.engine.token_logprobs import MAX_LOGPROBS
 
 # Temperatures below this sample greedily, as vLLM does: dividing logits by 1e-39 overflows to inf and
 # the softmax to NaN.

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.sampling_params import SamplingParams
+from llmopt.engine.token_logprobs import TokenLogprob
 
 if TYPE_CHECKING:
     from llmopt.engine.structured.sequence_grammar import SequenceGrammar

@@ -1,4 +1,4 @@
-"""Logprobs in a response: the engine's records (token ids and numbers, engine/logprobs.py) written in
+"""Logprobs in a response: the engine's records (token ids and numbers, engine/token_logprobs.py) written in
 the endpoint's shape, with each token's text and bytes. Chat: `{"content": [{token, logprob, bytes,
 top_logprobs: [{token, logprob, bytes}]}]}`. Completions (OpenAI's legacy shape): `{tokens,
 token_logprobs, top_logprobs: [{text: logprob}], text_offset}`, with echo's prompt tokens first (the
@@ -13,8 +13,8 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.outputs import RequestOutput
+from llmopt.engine.token_logprobs import TokenLogprob
 
 SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte-fallback token
 

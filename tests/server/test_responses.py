@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from llmopt.engine.logprobs import TokenLogprob
 from llmopt.engine.outputs import RequestOutput
+from llmopt.engine.token_logprobs import TokenLogprob
 from llmopt.server.admission import sampling_params
 from llmopt.server.errors import APIError
 from llmopt.server.logprobs import LogprobsWriter

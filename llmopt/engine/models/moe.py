@@ -1,5 +1,5 @@
 """Mixture-of-experts decoders: Mixtral (Llama attention) and Qwen3-MoE (Qwen3 attention, q/k norm).
-Attention is llama.py's; the MLP after it is a sparse MoE (layers/moe.py), or, in Qwen3-MoE layers that
+Attention is llama.py's; the MLP after it is a sparse MoE (layers/sparse_moe.py), or, in Qwen3-MoE layers that
 its config keeps dense (`mlp_only_layers`, `decoder_sparse_step`), the Llama MLP. The one-call decode
 step (decode_layers) runs dense Llama layers only, so these models run layer by layer."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from transformers import PretrainedConfig
 
-from llmopt.engine.layers.moe import RouterConfig, SparseMoE
+from llmopt.engine.layers.sparse_moe import RouterConfig, SparseMoE
 from llmopt.engine.models.llama import DecoderLayer, LlamaForCausalLM
 
 MOE_MODEL_TYPES = ("mixtral", "qwen3_moe")

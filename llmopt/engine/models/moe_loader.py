@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from llmopt.engine.layers.moe import SparseMoE
+from llmopt.engine.layers.sparse_moe import SparseMoE
 from llmopt.engine.models.checkpoint_weights import CheckpointWeights, set_linear
 
 # (the MoE block's name, gate, up, down) of each checkpoint layout

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmopt.engine.logprobs import TokenLogprob, token_logprobs
 from llmopt.engine.sampling_params import SamplingParams
+from llmopt.engine.token_logprobs import TokenLogprob, token_logprobs
 from tests.conftest import PROMPTS
 
 TOLERANCE = 1e-4

@@ -9,8 +9,8 @@ import torch
 from llmopt.engine import kernels
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
 from llmopt.engine.layers.linear import pack_panels
-from llmopt.engine.layers.moe import RouterConfig, SparseMoE
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
+from llmopt.engine.layers.sparse_moe import RouterConfig, SparseMoE
 from llmopt.engine.models.checkpoint_weights import set_linear
 
 HIDDEN, INTERMEDIATE, EXPERTS = 64, 64, 8
