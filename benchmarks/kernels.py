@@ -322,52 +322,45 @@ def bf16_table(results: list[dict], load: MachineLoad) -> Table:
     return table
 
 
-def attention_table(results: list[dict], load: MachineLoad, repeats: int) -> Table:
-    table = Table(title=load.title(f"decode attention, cold KV, median of {repeats} (subjects take turns)"))
+def kernel_vs_fallback_table(
+    title: str, shape_column: str, rate: tuple[str, str], ms_digits: int, rows: list[tuple[str, dict]]
+) -> Table:
+    """A kernel against gather+SDPA: per shape, each side's ms and `rate` (its label and its key in a
+    side's figures), and the speed-up."""
+    label, key = rate
+    table = Table(title=title)
     for col in (
-        "rows x context",
+        shape_column,
         "kernel ms",
-        "kernel GB/s",
+        f"kernel {label}",
         "gather+SDPA ms",
-        "gather+SDPA GB/s",
+        f"gather+SDPA {label}",
         "speed-up",
     ):
         table.add_column(col, justify="right")
-    for r in results:
+    for shape, r in rows:
         k, s = r["kernel"], r["gather+sdpa"]
         table.add_row(
-            f"{r['rows']} x {r['context']}",
-            f"{k['ms']:.3f}",
-            f"{k['kv_gb_s']:.1f}",
-            f"{s['ms']:.3f}",
-            f"{s['kv_gb_s']:.1f}",
+            shape,
+            f"{k['ms']:.{ms_digits}f}",
+            f"{k[key]:.1f}",
+            f"{s['ms']:.{ms_digits}f}",
+            f"{s[key]:.1f}",
             f"{s['ms'] / k['ms']:.2f}x",
         )
     return table
+
+
+def attention_table(results: list[dict], load: MachineLoad, repeats: int) -> Table:
+    title = load.title(f"decode attention, cold KV, median of {repeats} (subjects take turns)")
+    rows = [(f"{r['rows']} x {r['context']}", r) for r in results]
+    return kernel_vs_fallback_table(title, "rows x context", ("GB/s", "kv_gb_s"), 3, rows)
 
 
 def prefill_table(results: list[dict], load: MachineLoad, repeats: int) -> Table:
-    table = Table(title=load.title(f"prefill attention, median of {repeats} (subjects take turns)"))
-    for col in (
-        "rows x new / context",
-        "kernel ms",
-        "kernel GFLOP/s",
-        "gather+SDPA ms",
-        "gather+SDPA GFLOP/s",
-        "speed-up",
-    ):
-        table.add_column(col, justify="right")
-    for r in results:
-        k, s = r["kernel"], r["gather+sdpa"]
-        table.add_row(
-            f"{r['rows']} x {r['new']} / {r['context']}",
-            f"{k['ms']:.2f}",
-            f"{k['gflop_s']:.1f}",
-            f"{s['ms']:.2f}",
-            f"{s['gflop_s']:.1f}",
-            f"{s['ms'] / k['ms']:.2f}x",
-        )
-    return table
+    title = load.title(f"prefill attention, median of {repeats} (subjects take turns)")
+    rows = [(f"{r['rows']} x {r['new']} / {r['context']}", r) for r in results]
+    return kernel_vs_fallback_table(title, "rows x new / context", ("GFLOP/s", "gflop_s"), 2, rows)
 
 
 def parse_args() -> argparse.Namespace:
