@@ -287,6 +287,13 @@ HEADLINES = [
         ratio=ratios_to({"llama.cpp": "vs llama.cpp"}),
     ),
     Headline(
+        figure="served output tok/s at {concurrency} streams, llmopt (no flags)",
+        result="serve_vs_llamacpp",
+        where=matching({"server": "llmopt", "concurrency": "16"}),
+        value=cell("output tok/s"),
+        ratio=ratios_to({"llama.cpp Q4_1": "÷ llama.cpp Q4_1", "llmopt fp32": "÷ llmopt fp32"}),
+    ),
+    Headline(
         figure="requests failed, llmopt bench against {server}, keep-alive on",
         result="peer_connections",
         one_row_per="server",

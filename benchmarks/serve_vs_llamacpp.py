@@ -1,14 +1,15 @@
 """`llmopt serve` against llama.cpp's own server on the same weights: a thin script over
 recipes/engines.toml. The recipe's workload, load and rounds (streamed chat, prompt 128, output 128
-tokens, concurrency 1, 4, 16, a connection per request, two rounds) with its configs replaced by llmopt
-fp32, any --quantized llmopt checkpoint, llama.cpp on an F32 copy of the bundled GGUF (exactly the fp32
-weights llmopt serves) and llama.cpp on the bundled Q4_1 GGUF (what its users run). `llmopt bench` runs
-them as it runs the recipe: one server at a time, round 1 of every server then round 2 of every one,
-fresh prompts per round and the same for every server within one (llmopt/bench/rounds.py). Writes the
-run folder results/serve_vs_llamacpp/ (summary.json, requests, report.html) and
-results/serve_vs_llamacpp.json, and prints each server's output tok/s over llama.cpp's. The run refuses
-to start when the 1-minute load average is above 0.5 (another job would be measured too), unless
---allow-busy.
+tokens, concurrency 1, 4, 16, keep-alive on, two rounds) with its configs replaced by llmopt with no flags
+(the bundled Q4_1 GGUF in its own 4-bit blocks), llmopt `--dtype float32` (the exact reference), any
+--quantized llmopt checkpoint, llama.cpp on an F32 copy of the bundled GGUF (exactly the fp32 weights
+llmopt serves) and llama.cpp on the bundled Q4_1 GGUF (what its users run). `llmopt bench` runs them as it
+runs the recipe: one server at a time, round 1 of every server then round 2 of every one, fresh prompts
+per round and the same for every server within one (llmopt/bench/rounds.py). Writes the run folder
+results/serve_vs_llamacpp/ (summary.json, requests, report.html) and results/serve_vs_llamacpp.json, and
+prints each server's output tok/s over llmopt fp32's and llama.cpp's. Issue #35's goal at 16 streams:
+llmopt with no flags >= 2x llmopt fp32 and >= 3x llama.cpp Q4_1. The run refuses to start when the
+1-minute load average is above 0.5 (another job would be measured too), unless --allow-busy.
 
     make peers                                   # once: llama.cpp's server (xllamacpp) in .peer-venv
     .venv/bin/python benchmarks/serve_vs_llamacpp.py [--concurrency 1,4,16] [--rounds 2]
@@ -41,19 +42,22 @@ from results import RESULTS, write_result
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "engines.toml"
 RUN = RESULTS / "serve_vs_llamacpp"
+FP32 = "llmopt-fp32"
 F32 = "llama.cpp-F32"
 Q4 = "llama.cpp-Q4_1"
 
 
 def configs(recipe: BenchConfig, args: argparse.Namespace, f32: Path) -> list[ServerSpec]:
     """The recipe's llmopt and llama.cpp configs, with enough slots for the highest concurrency: llmopt
-    on fp32 and on each checkpoint, llama.cpp on the F32 copy and on the Q4_1 file."""
+    as started with no flags, in fp32 and on each checkpoint, llama.cpp on the F32 copy and on the Q4_1
+    file."""
     [ours] = [s for s in recipe.servers if s.engine == "llmopt"]
     [peer] = [s for s in recipe.servers if s.engine == "llama.cpp"]
     slots = {"max-num-seqs": max(args.concurrency + [ours.args.get("max-num-seqs", 1)])}
     ours, peer = (dataclasses.replace(s, args={**s.args, **slots}) for s in (ours, peer))
     return [
-        dataclasses.replace(ours, name="llmopt-fp32"),
+        dataclasses.replace(ours, name="llmopt"),
+        dataclasses.replace(ours, name=FP32, args={**ours.args, "dtype": "float32"}),
         *[dataclasses.replace(ours, name=f"llmopt-{path.name}", model=str(path)) for path in args.quantized],
         dataclasses.replace(peer, name=F32, model=str(f32)),
         dataclasses.replace(peer, name=Q4),
@@ -62,11 +66,11 @@ def configs(recipe: BenchConfig, args: argparse.Namespace, f32: Path) -> list[Se
 
 def print_table(points: list[dict], load: MachineLoad, console: Console) -> Table:
     """Per concurrency and server: output tok/s over every round (each round's beside it), latencies,
-    the tokens each server said it served from its cache, and tok/s over llama.cpp's."""
+    the tokens each server said it served from its cache, and tok/s over llmopt fp32's and llama.cpp's."""
     table = Table(title=load.title("streamed chat, every round pooled; rounds: each round's output tok/s"))
     table.caption = load.busy
     columns = ["concurrency", "server", "requests", "output tok/s", "rounds", "TTFT p50 ms", "TTFT p90 ms"]
-    for col in columns + ["ITL p50 ms", "cached tok", "÷ llama.cpp F32", "÷ llama.cpp Q4_1"]:
+    for col in columns + ["ITL p50 ms", "cached tok", "÷ llmopt fp32", "÷ llama.cpp F32", "÷ llama.cpp Q4_1"]:
         table.add_column(col, justify="right")
     by = {(p["server"], p["concurrency"]): p for p in points}
     for c in sorted({p["concurrency"] for p in points}):
@@ -83,7 +87,7 @@ def print_table(points: list[dict], load: MachineLoad, console: Console) -> Tabl
                 f"{p['ttft_ms']['p90']:.0f}",
                 f"{p['itl_ms']['median']:.1f}",
                 str(p["cached_tokens"]),
-                *(f"{tok_s / by[(peer, c)]['output_throughput']:.2f}x" for peer in (F32, Q4)),
+                *(f"{tok_s / by[(peer, c)]['output_throughput']:.2f}x" for peer in (FP32, F32, Q4)),
             )
     console.print(table)
     return table
