@@ -280,6 +280,13 @@ HEADLINES = [
         ratio=ratios_to({"vLLM-CPU": "wall vs vLLM", "llama.cpp": "wall vs llama.cpp"}),
     ),
     Headline(
+        figure="start-up to healthy, {subject}",
+        result="startup",
+        where=lambda row: row["subject"].startswith("llmopt"),
+        value=cell("seconds"),
+        ratio=ratios_to({"vLLM-CPU": "vs vLLM-CPU", "llama.cpp": "vs llama.cpp"}),
+    ),
+    Headline(
         figure="prefill tok/s, {prompt}-token prompt, llmopt (no flags)",
         result="prefill",
         where=matching({"subject": "llmopt (no flags)"}),
