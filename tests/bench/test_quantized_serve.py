@@ -225,5 +225,7 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     assert point["successful"] == 2 and point["output_tokens"] == 8
     record = RunDir(tmp_path / "run").read_summary()["settings"]["quantization"]["int8"]
     assert record["cached"] is True and record["method"] == "int8"
-    assert 1 < record["perplexity"] < 100 and 100 < record["size_after_mb"] < record["size_before_mb"]
+    # INT8 W8A8 per channel moves perplexity by about 1 %: within 5 % of the source's, on the same window.
+    assert abs(record["perplexity"] / record["perplexity_before"] - 1) < 0.05, record
+    assert 100 < record["size_after_mb"] < record["size_before_mb"]
     assert 0 < record["kl_divergence"]["mean"] < 1  # from the source in float32, as quantize measured it

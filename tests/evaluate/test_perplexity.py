@@ -69,7 +69,12 @@ def test_eval_cli_json(int8_dir):
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["backend"] == "engine" and data["windows"] == 1 and data["tokens"] == 127
-    assert 1 < data["perplexity"] < 100
+    source = json.loads(
+        llmopt("eval", "--dtype", "float32", "--windows", "1", "--seq-len", "128", "--json").stdout
+    )
+    assert source["tokens"] == 127  # the same window of the same text, on the checkpoint's source
+    # INT8 W8A8 per channel moves perplexity by about 1 %: within 5 % of the source's.
+    assert abs(data["perplexity"] / source["perplexity"] - 1) < 0.05, (data, source)
 
 
 @pytest.mark.slow  # several CLI processes, seconds each
