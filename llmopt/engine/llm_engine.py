@@ -319,6 +319,7 @@ class LLMEngine:
             spec_forced_tokens=spec.forced_tokens,
             spec_acceptance_by_position=spec.acceptance_by_position(),
             spec_mean_acceptance_length=spec.mean_acceptance_length,
+            decode_weight_bytes=self.runner.decode_weight_bytes,
         )
 
 

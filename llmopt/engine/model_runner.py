@@ -10,6 +10,7 @@ from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
+from llmopt.engine.models.decode_reads import decode_weight_bytes
 from llmopt.engine.models.kernel_layout import pack_for_kernels
 from llmopt.engine.models.loader import load_model
 from llmopt.engine.precision import resolve_precision, startup_line
@@ -49,6 +50,7 @@ class ModelRunner:
         )
         if self.use_kernels:
             pack_for_kernels(self.model)
+        self.decode_weight_bytes = decode_weight_bytes(self.model)
         self.num_kv_blocks = config.num_kv_blocks or int8_kv_cache.pool_blocks(
             config.kv_cache_memory_gb, num_layers, kv_shape, kv_dtype
         )

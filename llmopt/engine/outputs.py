@@ -44,3 +44,4 @@ class EngineStats:
     spec_forced_tokens: int = 0  # accepted proposals a grammar forced (also in the two counts above)
     spec_acceptance_by_position: list[float] | None = None
     spec_mean_acceptance_length: float = 0.0
+    decode_weight_bytes: int = 0  # weights one decode step reads (models/decode_reads.py)

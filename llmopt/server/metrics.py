@@ -34,7 +34,12 @@ LATENCY_BUCKETS = (
 # Every metric is exported under llmopt's prefix and, where vLLM has the same metric, under vLLM's name
 # too, so GuideLLM's server-metrics scrape and vLLM's Grafana dashboards read llmopt unchanged.
 PREFIXES = ("llmopt", "vllm")
-LLMOPT_ONLY = {"kv_blocks_used", "kv_blocks_total", "spec_decode_mean_acceptance_length"}
+LLMOPT_ONLY = {
+    "kv_blocks_used",
+    "kv_blocks_total",
+    "spec_decode_mean_acceptance_length",
+    "decode_weight_bytes",
+}
 
 
 def engine_values(s: EngineStats) -> list[tuple]:
@@ -84,6 +89,12 @@ def engine_values(s: EngineStats) -> list[tuple]:
             "spec_decode_mean_acceptance_length",
             "Tokens per verification step.",
             s.spec_mean_acceptance_length,
+        ),
+        (
+            GaugeMetricFamily,
+            "decode_weight_bytes",
+            "Bytes of weights one decode step reads (layers and output layer as stored; no embedding).",
+            s.decode_weight_bytes,
         ),
     ]
 

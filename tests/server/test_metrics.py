@@ -25,6 +25,7 @@ class StubEngine:
             prompt_tokens=100,
             generation_tokens=50,
             requests_finished=4,
+            decode_weight_bytes=98_000_000,
         )
 
 
@@ -34,3 +35,4 @@ def test_the_page_has_the_engines_figures_and_the_processs_cpu_time():
     sample = read_sample(values, 0.0)
     assert (sample.engine, sample.running, sample.waiting, sample.kv_cache_usage) == ("llmopt", 3, 1, 0.25)
     assert (sample.prefix_queries, sample.prefix_hits, sample.preemptions_total) == (100, 40, 2)
+    assert values["llmopt:decode_weight_bytes"] == 98_000_000 and "vllm:decode_weight_bytes" not in values

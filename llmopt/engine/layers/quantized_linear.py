@@ -91,6 +91,12 @@ class QuantizedLinear(torch.nn.Module):
             return self.packed, self.scales_and_zeros
         return None
 
+    def read_bytes(self) -> int:
+        """Bytes of the weight as its kernel stores it (packed values and scales): what one pass over
+        the layer reads from memory."""
+        stored = self.kernel_weights()
+        return sum(t.nbytes for t in stored) if stored else self.weight_t.nbytes
+
     def dequantized_t(self) -> torch.Tensor:
         """The fp32 weight [in, out], rebuilt from the kernel's own packed copy (no second copy kept)."""
         if self.kernel in PANEL_KERNELS:
