@@ -281,3 +281,11 @@ def test_a_failed_build_is_an_error_only_when_kernels_are_required(tmp_path, req
         assert result.returncode != 0 and "LLMOPT_REQUIRE_KERNELS" in result.stderr
     else:
         assert result.returncode == 0 and result.stdout.strip() == "False"
+
+
+def test_two_installs_build_into_folders_of_their_own(monkeypatch, tmp_path):
+    """ninja's build file names its sources by path: two checkouts sharing one build folder rebuilt each
+    other's kernels at every start, so the folder is keyed on where the sources are."""
+    here = kernels.sources_key()
+    monkeypatch.setattr(kernels, "CSRC", tmp_path)
+    assert kernels.sources_key() != here and len(here) == 10

@@ -47,8 +47,13 @@ def build() -> None:
     from torch.utils.cpp_extension import load as load_extension
 
     # -march=native: a build is only valid on a CPU with the same instruction sets, so the folder is
-    # keyed on them (a cached AVX-512 build loaded on an AVX2 machine dies of an illegal instruction).
-    build_dir = cache_dir().parent / "kernels" / f"torch-{torch.__version__}-{cpu_flags_key()}"
+    # keyed on them (a cached AVX-512 build loaded on an AVX2 machine dies of an illegal instruction), and
+    # on the sources' folder: ninja's build file names the sources by path, so two installs (two
+    # checkouts, a venv and a wheel) sharing one folder rebuilt each other's kernels at every start
+    # (measured: a first start of 121 s instead of 10).
+    build_dir = (
+        cache_dir().parent / "kernels" / f"torch-{torch.__version__}-{cpu_flags_key()}-{sources_key()}"
+    )
     build_dir.mkdir(parents=True, exist_ok=True)
     with ninja_on_path(ninja.BIN_DIR):
         load_extension(
@@ -62,6 +67,11 @@ def build() -> None:
             is_python_module=False,
             verbose=False,
         )
+
+
+def sources_key() -> str:
+    """A short name for the folder of the kernel sources this build compiles."""
+    return hashlib.sha256(str(CSRC.resolve()).encode()).hexdigest()[:10]
 
 
 def cpu_flags() -> set[str]:
