@@ -15,6 +15,10 @@
 A run killed mid-write leaves at most a torn last line in requests.jsonl (or server_metrics.jsonl):
 reading drops it (that request never finished), so neither --resume nor the report fails on it. The
 summaries are replaced atomically, so a crash leaves the previous ones whole.
+
+The server's figures read back with today's names, also from a run written before them (RENAMED), and
+a point's CPU or energy source with no reading is NOT_MEASURED: every reader of a run folder, the
+report and --resume alike, gets them from here.
 """
 
 from __future__ import annotations
@@ -94,6 +98,16 @@ STEADY_COLUMNS = {
     "steady_kept": ("steady_state", "kept", None),
     "steady_of": ("steady_state", "of", None),
 }
+# A point's cpu_source / energy_source where its runs have no reading of the machine (runs written
+# before the bench read it, a resumed round of one); token_cost.py writes it, the report shows it.
+NOT_MEASURED = "not measured"
+# Names the server's figures had in earlier runs (server_metrics.jsonl, rounds.jsonl, summary.json).
+RENAMED = {
+    "kv_usage": "kv_cache_usage",
+    "kv_usage_mean": "kv_cache_usage_mean",
+    "kv_usage_max": "kv_cache_usage_max",
+    "prefix_hit_rate": "prefix_cache_hit_rate",
+}
 TURN_FIELDS = ["key", "turn", "requests", "successful", "prompt_tokens_mean", "cached_fraction"]
 # A server's name becomes part of a file name (server-<name>.log): nothing in it may lead elsewhere.
 SERVER_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -111,6 +125,27 @@ def check_server_name(name: object) -> None:
         raise ValueError(
             f"server name {name!r}: server names may use letters, digits, '-', '_', '.' (no '..')"
         )
+
+
+def renamed(figures: dict) -> dict:
+    """`figures` (a sample, or a summary's server_metrics) with an earlier run's names made today's."""
+    return {RENAMED.get(key, key): value for key, value in figures.items()}
+
+
+def _todays_point(point: dict) -> dict:
+    """A point summary as read back: its server_metrics under today's names."""
+    if not point.get("server_metrics"):
+        return point
+    return {**point, "server_metrics": renamed(point["server_metrics"])}
+
+
+def _todays_round(entry: dict) -> dict:
+    """A rounds.jsonl entry as read back: its runs' server samples under today's names."""
+    runs = [
+        {**run, "samples": [renamed(s) for s in run["samples"]]} if "samples" in run else run
+        for run in entry.get("runs", [])
+    ]
+    return {**entry, "runs": runs} if "runs" in entry else entry
 
 
 @dataclass
@@ -150,7 +185,8 @@ class RunDir:
             f.flush()
 
     def read_server_metrics(self) -> list[dict]:
-        return [sample for _, sample in self._lines(self.server_metrics)]
+        """server_metrics.jsonl's samples, under today's names."""
+        return [renamed(sample) for _, sample in self._lines(self.server_metrics)]
 
     @property
     def rounds(self) -> Path:
@@ -163,7 +199,8 @@ class RunDir:
             f.flush()
 
     def read_rounds(self) -> list[dict]:
-        return [entry for _, entry in self._lines(self.rounds)]
+        """rounds.jsonl's entries, their server samples under today's names."""
+        return [_todays_round(entry) for _, entry in self._lines(self.rounds)]
 
     def server_log(self, server: str) -> Path:
         check_server_name(server)
@@ -182,14 +219,16 @@ class RunDir:
         return open(self.records, "a")  # noqa: SIM115 - the caller closes it
 
     def read_summary(self) -> dict:
-        """summary.json as {"settings": {...}, "points": [...]}; empty when no point has finished."""
+        """summary.json as {"settings": {...}, "points": [...]} (their server figures under today's
+        names); empty when no point has finished."""
         if not self.summary.is_file():
             return {"settings": {}, "points": []}
         try:
             data = json.loads(self.summary.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.summary}: not JSON ({exc.msg})") from None
-        return {"settings": data.get("settings", {}), "points": data.get("points", [])}
+        points = [_todays_point(p) for p in data.get("points", [])]
+        return {"settings": data.get("settings", {}), "points": points}
 
     def load_summaries(self) -> list[dict]:
         return self.read_summary()["points"]

@@ -18,19 +18,6 @@ import httpx
 from llmopt.bench.metric_names import read_figures
 from llmopt.bench.server_stats import scrape
 
-# Names the samples and summaries of earlier runs used (server_metrics.jsonl, rounds.jsonl, summary.json).
-RENAMED = {
-    "kv_usage": "kv_cache_usage",
-    "kv_usage_mean": "kv_cache_usage_mean",
-    "kv_usage_max": "kv_cache_usage_max",
-    "prefix_hit_rate": "prefix_cache_hit_rate",
-}
-
-
-def renamed(figures: dict) -> dict:
-    """`figures` (a sample, or a summary's server_metrics) with an earlier run's names made today's."""
-    return {RENAMED.get(key, key): value for key, value in figures.items()}
-
 
 @dataclass
 class ServerSample:
@@ -58,9 +45,10 @@ class ServerSample:
 
     @classmethod
     def from_json(cls, data: dict) -> ServerSample:
-        """A sample as to_json wrote it, also an earlier run's (older names; unknown keys left out)."""
+        """A sample as to_json wrote it and the run folder reads it back (an earlier run's under today's
+        names: rundir.py), keys it does not know left out."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in renamed(data).items() if k in known})
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def read_sample(values: dict[str, float], t: float) -> ServerSample | None:

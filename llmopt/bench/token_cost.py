@@ -7,8 +7,7 @@ joules and tokens summed. A figure is None, never a guess, when any run could no
 from __future__ import annotations
 
 from llmopt.bench.machine_meter import MachineUse
-
-NOT_MEASURED = "not measured"  # runs written before the bench read the machine (a resumed round)
+from llmopt.bench.rundir import NOT_MEASURED
 
 
 def pooled(values: list[float | None]) -> float | None:

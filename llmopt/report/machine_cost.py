@@ -4,7 +4,7 @@ per-point table, in the console and the report, so a "-" in the CPU or energy co
 
 from __future__ import annotations
 
-from llmopt.bench.token_cost import NOT_MEASURED
+from llmopt.bench.rundir import NOT_MEASURED
 
 RAPL = "rapl"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.server_metrics import renamed
 from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
 from llmopt.report.plots import draw_timeline, to_svg
@@ -48,7 +47,7 @@ def server_metric_row(point: dict, m: dict) -> list[str]:
 
 def server_metric_rows(run: Run) -> list[list[str]]:
     """A row per point whose server was sampled, whichever engine it was."""
-    return [server_metric_row(p, renamed(p["server_metrics"])) for p in run.points if p.get("server_metrics")]
+    return [server_metric_row(p, p["server_metrics"]) for p in run.points if p.get("server_metrics")]
 
 
 def samples_of(run: Run) -> dict[str, list[dict]]:
@@ -57,7 +56,7 @@ def samples_of(run: Run) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for sample in RunDir(run.path).read_server_metrics():
         if sample.get("run", 0) == 0:
-            out.setdefault(sample["point"], []).append(renamed(sample))
+            out.setdefault(sample["point"], []).append(sample)
     return out
 
 

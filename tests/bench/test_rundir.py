@@ -46,6 +46,31 @@ def test_summaries_round_trip_through_json_and_csv(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv", "summary.json"]  # no temp files
 
 
+def test_an_earlier_runs_server_figures_read_with_todays_names(tmp_path):
+    """Samples, a summary's server_metrics and a round's samples written under the names earlier runs
+    used read back under today's: the report and --resume get one set of names."""
+    run = RunDir(tmp_path)
+    run.append_server_metrics([{"point": "a", "t": 0.5, "kv_usage": 0.5, "prefix_hit_rate": 0.2}])
+    [sample] = run.read_server_metrics()
+    assert sample == {"point": "a", "t": 0.5, "kv_cache_usage": 0.5, "prefix_cache_hit_rate": 0.2}
+    figures = {"samples": 2, "engine": "vllm", "kv_usage_max": 0.25, "prefix_hit_rate": 0.5}
+    earlier, unsampled = point("a", "concurrency=1", 0.2), point("b", "concurrency=2", 0.4)
+    run.write_summaries([{**earlier, "server_metrics": figures}, unsampled], {})
+    [a, b] = run.load_summaries()
+    assert a["server_metrics"] == {
+        "samples": 2,
+        "engine": "vllm",
+        "kv_cache_usage_max": 0.25,
+        "prefix_cache_hit_rate": 0.5,
+    }
+    assert b == unsampled and {k: v for k, v in a.items() if k != "server_metrics"} == earlier
+    run.append_round(
+        {"point": "a", "round": 0, "runs": [{"repeat": 0, "samples": [{"t": 1, "kv_usage": 0.5}]}]}
+    )
+    [entry] = run.read_rounds()
+    assert entry["runs"] == [{"repeat": 0, "samples": [{"t": 1, "kv_cache_usage": 0.5}]}]
+
+
 def test_an_empty_run_writes_a_header_only_csv(tmp_path):
     run = RunDir(tmp_path)
     run.write_summaries([], {})

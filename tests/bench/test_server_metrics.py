@@ -118,10 +118,14 @@ def test_no_page_or_interval_zero_samples_nothing(openai_endpoint, tokenizer, tm
     )
 
 
-def test_an_earlier_runs_samples_read_with_todays_names():
-    """rounds.jsonl of a run written before the names were the canonical ones: --resume still reads it."""
+def test_an_earlier_runs_samples_read_with_todays_names(tmp_path):
+    """rounds.jsonl of a run written before the names were the canonical ones: --resume still reads it
+    (the run folder reads it back under today's names), and a key a sample does not know is left out."""
     old = {"t": 0.5, "running": 2, "kv_usage": 0.5, "prefix_hit_rate": 0.25, "a_later_field": 1}
-    sample = ServerSample.from_json(old)
+    run = RunDir(tmp_path)
+    run.append_round({"point": "a", "round": 0, "runs": [{"repeat": 0, "samples": [old]}]})
+    [entry] = run.read_rounds()
+    sample = ServerSample.from_json(entry["runs"][0]["samples"][0])
     assert (sample.t, sample.running, sample.kv_cache_usage, sample.prefix_cache_hit_rate) == (
         0.5,
         2,
