@@ -15,6 +15,7 @@ from llmopt.bench.repeats import repeat_summary
 from llmopt.bench.request_metrics import summarize_results
 from llmopt.bench.saturation import saturation_fields
 from llmopt.bench.server_metrics import summarize_samples
+from llmopt.bench.session import pooled_tools
 from llmopt.bench.session_metrics import summarize_sessions
 from llmopt.bench.token_cost import token_cost_fields
 from llmopt.bench.workload import SESSION_WORKLOADS
@@ -48,8 +49,7 @@ def summarize_runs(
     if config.workload in SESSION_WORKLOADS:
         planned = {s: n for run in runs for s, n in run.planned_turns.items()}
         summary.update(summarize_sessions(records, wall, planned, config.percentiles))
-        tools = [run.result.tools for run in runs]
-        summary["tools"] = next((t for t in tools if t != "sent"), tools[0])  # a refusal is what to say
+        summary["tools"] = pooled_tools([run.result.tools for run in runs])
     if len(runs) > 1:
         summary["repeats"] = repeat_summary([[r.result] for r in runs], sweep.slo, config.percentiles)
     summary.update(

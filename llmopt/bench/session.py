@@ -20,6 +20,8 @@ from llmopt.bench.conversation import Conversation
 from llmopt.bench.load_point import Collector, LoadPoint
 from llmopt.bench.loops import open_loop
 
+SENT = "sent"  # a point's tools went as `tools` throughout
+
 
 @dataclass
 class ToolUse:
@@ -30,8 +32,18 @@ class ToolUse:
 
     def summary(self) -> str:
         if self.refusal is None:
-            return "sent"
+            return SENT
         return f"refused by the server ({self.refusal}): sent as text in the messages instead"
+
+
+def pooled_tools(outcomes: list[str | None]) -> str | None:
+    """What became of a point's tools over its runs, or a run's workers (each one's ToolUse.summary(),
+    None where it sent no tools): a refusal is what to say (the first), else SENT if any sent them, else
+    None."""
+    refusals = [t for t in outcomes if t not in (None, SENT)]
+    if refusals:
+        return refusals[0]
+    return SENT if SENT in outcomes else None
 
 
 def refuses_tools(record: RequestRecord) -> bool:

@@ -43,7 +43,7 @@ from llmopt.bench.load_point import Collector, LoadPoint, PointResult
 from llmopt.bench.loops import client_session, drive, warm_up
 from llmopt.bench.machine_meter import MachineMeter
 from llmopt.bench.self_check import SelfCheck
-from llmopt.bench.session import drive_sessions
+from llmopt.bench.session import drive_sessions, pooled_tools
 from llmopt.bench.stop_on_saturation import watching
 
 START_LEAD_S = 0.05  # between setting the common start and reaching it: every worker is waiting by then
@@ -150,8 +150,7 @@ async def run_in_workers(
                 proc.terminate()
     wall = max(end for end, _, _ in done.values())
     loads = [load for _, load, _ in done.values()]
-    tools = [used for _, _, used in done.values()]
-    tools = next((t for t in tools if t not in (None, "sent")), tools[0])  # a refusal is what to say
+    tools = pooled_tools([used for _, _, used in done.values()])
     return collect.result(wall, tools, loads, started, machine, workers=len(plan))
 
 

@@ -12,6 +12,7 @@ import pytest
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.config import BenchConfig
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.session import SENT, ToolUse, pooled_tools
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.report.html import write_report
@@ -173,6 +174,16 @@ def test_agent_tools_refused_are_sent_as_text_and_said_so(openai_endpoint, token
     assert [m["role"] for m in last] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert "<tool_call>" in last[2]["content"] and last[3]["content"].startswith("<tool_response>")
     assert sent[0]["messages"] == refused["messages"]  # the refused turn, again, as text
+
+
+def test_a_points_tools_say_a_refusal_if_any_run_or_worker_met_one():
+    """A point's runs (point_summary.py) and a run's workers (workers.py) pooled the same way: a refusal
+    is what to say, else sent if any sent them; None only where none had tools (multi-turn)."""
+    refusal = ToolUse(send=False, refusal="HTTP 400: tools is not supported").summary()
+    assert pooled_tools([SENT, refusal, SENT]) == pooled_tools([None, refusal]) == refusal
+    assert pooled_tools([SENT, SENT]) == SENT
+    assert pooled_tools([None, SENT]) == SENT  # e.g. a resumed round that did not record its tools
+    assert pooled_tools([None, None]) is None
 
 
 @pytest.mark.parametrize(
