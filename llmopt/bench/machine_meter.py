@@ -7,7 +7,12 @@ process that serves the page: vLLM's engine core runs in another one, so for a v
 lower bound); else None, with the reason. The energy is the machine's RAPL counters (rapl.py), read only
 when the server runs on this machine (started here, or on a loopback address): it is the whole
 machine's, the bench client's share included. Never a guess: without a counter the figure is None and
-`energy_source` / `cpu_source` say why."""
+`energy_source` / `cpu_source` say why.
+
+Where the server publishes the bytes of weights one decode step reads (llmopt's
+`llmopt:decode_weight_bytes`), the run records them, and, for a server on this machine, the machine's
+measured read bandwidth (memory_bandwidth.py), so the summary can set the decode reads a point implies
+beside the machine's limit; other servers publish no such figure, and it is None."""
 
 from __future__ import annotations
 
@@ -16,11 +21,13 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from llmopt.bench.client import Target
+from llmopt.bench.memory_bandwidth import read_bandwidth_gbs
 from llmopt.bench.process_cpu import cpu_reader_name, tree_cpu_seconds
 from llmopt.bench.rapl import RaplMeter, find_zones
 from llmopt.bench.server_stats import scrape
 
 PROCESS_CPU = "process_cpu_seconds_total"
+DECODE_WEIGHT_BYTES = "llmopt:decode_weight_bytes"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
@@ -35,6 +42,8 @@ class MachineUse:
     energy_j: float | None
     energy_source: str  # "rapl", or why none
     energy_domains: list[str] | None = None  # the RAPL zones summed (package-0, dram, ...)
+    decode_weight_bytes: float | None = None  # what the server says one decode step reads of its weights
+    machine_read_gbs: float | None = None  # this machine's read bandwidth, for a server running here
 
 
 class TreeCpu:
@@ -63,8 +72,16 @@ class MetricsCpu:
 class MachineMeter:
     """`start()` at a point's start and `stop()` at its end give the run's MachineUse."""
 
-    def __init__(self, cpu: TreeCpu | MetricsCpu, energy: RaplMeter | None, energy_reason: str | None):
+    def __init__(
+        self,
+        cpu: TreeCpu | MetricsCpu,
+        energy: RaplMeter | None,
+        energy_reason: str | None,
+        base_url: str,
+        here: bool,
+    ):
         self.cpu, self.energy, self.energy_reason = cpu, energy, energy_reason
+        self.base_url, self.here = base_url, here
         self._t0 = 0.0
         self._cpu0: float | None = None
 
@@ -78,7 +95,15 @@ class MachineMeter:
         wall = time.perf_counter() - self._t0
         cpu1 = self.cpu.read() if self._cpu0 is not None else None  # not there at the start: not asked again
         joules = self.energy.stop() if self.energy is not None else None
-        return MachineUse(wall, *self._cpu(cpu1), *self._energy(joules))
+        return MachineUse(wall, *self._cpu(cpu1), *self._energy(joules), *self._decode_reads())
+
+    def _decode_reads(self) -> tuple[float | None, float | None]:
+        """The server's decode weight bytes and, when it runs here, the machine's bandwidth (measured
+        once per process, after this point's timed window)."""
+        weight_bytes = scrape(self.base_url).get(DECODE_WEIGHT_BYTES)
+        if weight_bytes is None:
+            return None, None
+        return weight_bytes, read_bandwidth_gbs() if self.here else None
 
     def _cpu(self, cpu1: float | None) -> tuple[float | None, str]:
         if self._cpu0 is None or cpu1 is None:
@@ -108,6 +133,6 @@ def machine_meter(target: Target) -> MachineMeter:
     base_url = target.endpoint.rstrip("/").removesuffix("/v1")
     cpu = TreeCpu(target.server_pid) if target.server_pid is not None else MetricsCpu(base_url)
     if not on_this_machine(target):
-        return MachineMeter(cpu, None, "the server runs on another machine")
+        return MachineMeter(cpu, None, "the server runs on another machine", base_url, here=False)
     zones, reason = find_zones()
-    return MachineMeter(cpu, RaplMeter(zones) if zones else None, reason)
+    return MachineMeter(cpu, RaplMeter(zones) if zones else None, reason, base_url, here=True)

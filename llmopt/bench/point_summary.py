@@ -17,7 +17,7 @@ from llmopt.bench.saturation import saturation_fields
 from llmopt.bench.server_metrics import summarize_samples
 from llmopt.bench.session import pooled_tools
 from llmopt.bench.session_metrics import summarize_sessions
-from llmopt.bench.token_cost import token_cost_fields
+from llmopt.bench.token_cost import decode_read_fields, token_cost_fields
 from llmopt.bench.workload import SESSION_WORKLOADS
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ def summarize_runs(
             **client_fields([run.result for run in runs]),
             **saturation_fields(point, [run.result for run in runs]),
             **token_cost_fields([run.result.machine for run in runs], summary["output_tokens"]),
+            **decode_read_fields([run.result.machine for run in runs], summary["itl_ms"]["median"]),
         }
     )
     return summary

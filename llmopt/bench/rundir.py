@@ -75,6 +75,11 @@ CSV_FIELDS = [
     "energy_j",
     "joules_per_token",
     "energy_source",
+    # The decode reads a point implies (token_cost.py): weight bytes a step over the ITL, and the machine's
+    "decode_weight_bytes",
+    "decode_read_gbs",
+    "machine_read_gbs",
+    "decode_read_share",
 ]
 CSV_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 # Multi-turn points' columns, after the metrics: {column: (summary block, field, statistic or None)}.

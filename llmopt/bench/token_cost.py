@@ -27,6 +27,22 @@ def source_of(uses: list[MachineUse | None], value: str, source: str) -> str:
     return getattr(missing[0] if missing else uses[0], source)
 
 
+def decode_read_fields(uses: list[MachineUse | None], itl_median_ms: float | None) -> dict:
+    """The decode reads a point implies: the server's weight bytes a step over the median ITL (a step
+    of a batch gives each stream one token, so the ITL is the step's time), in GB/s, and that as a share
+    of the machine's read bandwidth (None where the server does not say its bytes or runs elsewhere)."""
+    read = [u for u in uses if u is not None and u.decode_weight_bytes is not None]
+    weight_bytes = read[0].decode_weight_bytes if read else None
+    gbs = per(weight_bytes, (itl_median_ms or 0) / 1000, 1e-9)
+    machine = next((u.machine_read_gbs for u in read if u.machine_read_gbs is not None), None)
+    return {
+        "decode_weight_bytes": weight_bytes,
+        "decode_read_gbs": gbs,
+        "machine_read_gbs": machine,
+        "decode_read_share": per(gbs, machine or 0),
+    }
+
+
 def token_cost_fields(uses: list[MachineUse | None], output_tokens: int) -> dict:
     """A point summary's machine-cost fields from its runs' readings and its output tokens."""
     wall = sum(u.wall_s for u in uses if u is not None)

@@ -86,6 +86,9 @@ POINT_COLUMNS = [
     ),
     PointColumn("cores", "server_cores", digits=2, report_header="server cores", unit="CPU s / s"),
     PointColumn("J/tok", "joules_per_token", digits=3, report_header="energy", unit="J per out token"),
+    # A decode step's weight bytes over the ITL, and that over this machine's read bandwidth (token_cost.py)
+    PointColumn("reads GB/s", "decode_read_gbs", digits=1, report_header="decode reads", unit="GB/s"),
+    PointColumn("of bw", "decode_read_share", digits=2, report_header="of machine bandwidth", unit="share"),
 ]
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from llmopt.bench import machine_meter as meters
 from llmopt.bench.client import Target
-from llmopt.bench.machine_meter import PROCESS_CPU, machine_meter
+from llmopt.bench.machine_meter import DECODE_WEIGHT_BYTES, PROCESS_CPU, machine_meter
 from llmopt.bench.rapl import find_zones
 from tests.bench.test_rapl import set_uj, zone
 
@@ -93,3 +93,17 @@ def test_without_a_counter_each_figure_says_why(openai_endpoint, server_process)
     server_process.wait()
     use = gone.stop()
     assert use.cpu_s is None and "could not be read" in use.cpu_source
+
+
+def test_the_servers_decode_bytes_with_this_machines_bandwidth_beside_them(openai_endpoint, monkeypatch):
+    monkeypatch.setattr(meters, "read_bandwidth_gbs", lambda: 30.0)  # measured once per process
+    openai_endpoint.metrics = lambda: f"{PROCESS_CPU} 1\n{DECODE_WEIGHT_BYTES} 108471552\n"
+    meter = machine_meter(Target(openai_endpoint.url, "m"))  # loopback: this machine's bandwidth
+    meter.start()
+    use = meter.stop()
+    assert (use.decode_weight_bytes, use.machine_read_gbs) == (108471552, 30.0)
+    openai_endpoint.metrics = lambda: f"{PROCESS_CPU} 1\n"  # vLLM, llama.cpp: no such figure, no bandwidth
+    meter = machine_meter(Target(openai_endpoint.url, "m"))
+    meter.start()
+    use = meter.stop()
+    assert (use.decode_weight_bytes, use.machine_read_gbs) == (None, None)

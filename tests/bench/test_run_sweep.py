@@ -36,6 +36,7 @@ POINT_FIELDS = {
     *("saturated", "saturation_reason", "saturation", "steady_state"),
     *("server_cpu_s", "server_cores", "cpu_s_per_1k_tokens", "cpu_source"),
     *("energy_j", "joules_per_token", "energy_source", "energy_domains"),
+    *("decode_weight_bytes", "decode_read_gbs", "machine_read_gbs", "decode_read_share"),
 }
 
 

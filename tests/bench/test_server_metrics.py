@@ -200,3 +200,7 @@ def test_the_live_server_counts_its_running_requests(server, tmp_path):
     samples = RunDir(tmp_path / "m").read_server_metrics()
     assert max(s["running"] for s in samples) >= 1 and point["server_metrics"]["running_max"] >= 1
     assert all(0 <= s["kv_cache_usage"] <= 1 for s in samples) and "prefix_queries" in samples[-1]
+    # What a decode step reads of the weights (the server's figure) over the ITL, beside this machine's
+    # read bandwidth: a real fraction of it, as a new user's run shows it with no flags.
+    assert point["decode_weight_bytes"] > 1e8 and point["machine_read_gbs"] > 1
+    assert point["decode_read_gbs"] > 0.5 and 0 < point["decode_read_share"] < 1.5

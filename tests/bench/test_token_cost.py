@@ -15,7 +15,7 @@ from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.machine_meter import PROCESS_CPU, MachineUse
 from llmopt.bench.rapl import find_zones
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.token_cost import NOT_MEASURED, token_cost_fields
+from llmopt.bench.token_cost import NOT_MEASURED, decode_read_fields, token_cost_fields
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.test_rapl import set_uj, zone
 
@@ -127,3 +127,15 @@ def test_a_started_servers_cpu_comes_from_its_process_tree_round_after_round(
     rounds = RunDir(tmp_path / "r").read_rounds()
     cpu = [run["result"]["machine"]["cpu_s"] for entry in rounds for run in entry["runs"]]
     assert len(cpu) == 2 and sum(cpu) == pytest.approx(point["server_cpu_s"])
+
+
+def test_the_decode_reads_are_a_steps_bytes_over_the_itl_beside_the_machines_bandwidth():
+    read = MachineUse(1.0, None, "-", None, "-", None, decode_weight_bytes=108e6, machine_read_gbs=30.0)
+    fields = decode_read_fields([read, read], itl_median_ms=10.0)
+    assert fields["decode_weight_bytes"] == 108e6 and fields["machine_read_gbs"] == 30.0
+    assert fields["decode_read_gbs"] == pytest.approx(10.8) and fields["decode_read_share"] == pytest.approx(
+        0.36
+    )
+    unsaid = decode_read_fields([MachineUse(1.0, None, "-", None, "-"), None], itl_median_ms=10.0)
+    assert set(unsaid.values()) == {None}  # a server that does not say its bytes: no figure, no guess
+    assert decode_read_fields([read], itl_median_ms=None)["decode_read_gbs"] is None  # nothing streamed
