@@ -31,7 +31,16 @@ import asyncio
 import statistics
 from dataclasses import dataclass
 
-from harness import CorpusCursor, MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread
+from harness import (
+    CorpusCursor,
+    MachineLoad,
+    Rows,
+    ServeSubject,
+    peer_installed,
+    rotated,
+    spread,
+    subject_names,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -182,9 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, llmopt only")
     args = ap.parse_args(argv)
-    args.subjects = args.subjects.split(",")
-    if unknown := set(args.subjects) - set(SUBJECTS):
-        ap.error(f"--subjects takes {', '.join(SUBJECTS)}, not {', '.join(sorted(unknown))}")
+    args.subjects = subject_names(ap, args.subjects, SUBJECTS)
     if args.quick:
         args.rounds, args.sessions, args.turns, args.system_len, args.turn_len, args.output_len = (
             1,

@@ -5,7 +5,9 @@ tail percentile a sample is large enough for."""
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +137,14 @@ class CorpusCursor:
             )
             for _ in range(count)
         ]
+
+
+def subject_names(ap: argparse.ArgumentParser, text: str, known: Iterable[str]) -> list[str]:
+    """--subjects' comma-separated names, each one of `known` (else the parser's usage error)."""
+    names, known = text.split(","), list(known)
+    if unknown := set(names) - set(known):
+        ap.error(f"--subjects takes {', '.join(known)}, not {', '.join(sorted(unknown))}")
+    return names
 
 
 def peer_installed(engine: str) -> bool:

@@ -20,7 +20,16 @@ import argparse
 import asyncio
 import statistics
 
-from harness import CorpusCursor, MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread
+from harness import (
+    CorpusCursor,
+    MachineLoad,
+    Rows,
+    ServeSubject,
+    peer_installed,
+    rotated,
+    spread,
+    subject_names,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -129,9 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
     args = ap.parse_args(argv)
     args.lens = [int(n) for n in args.lens.split(",")]
-    args.subjects = args.subjects.split(",")
-    if unknown := set(args.subjects) - set(SUBJECTS):
-        ap.error(f"--subjects takes {', '.join(SUBJECTS)}, not {', '.join(sorted(unknown))}")
+    args.subjects = subject_names(ap, args.subjects, SUBJECTS)
     return args
 
 

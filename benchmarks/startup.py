@@ -23,9 +23,7 @@ results/startup.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,8 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from harness import MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread
+from harness import MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread, subject_names
 from rich.console import Console
 from rich.table import Table
 
@@ -68,25 +65,11 @@ def time_to_healthy(subject: ServeSubject, env: dict[str, str] | None = None) ->
     began = time.monotonic()
     local = LocalServer(subject.command, env=env)
     try:
-        if not healthy_within(local, 900):
+        if not local.process.wait_ready(local.url + "/health", 900, poll_s=POLL_S):
             raise SystemExit(f"{subject.label} did not become healthy:\n{local.log_tail()}")
         return time.monotonic() - began
     finally:
         local.stop()
-
-
-def healthy_within(local: LocalServer, timeout_s: float) -> bool:
-    """Poll /health every POLL_S on one client: a new client per poll (httpx.get) costs the poller tens of
-    milliseconds of CPU each, which at this rate took most of a core from the server starting beside it
-    (measured: later starts 9.5-10.5 s polled that way, against 6.4 s by a shell loop of curl)."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2) as client:
-        while time.monotonic() < deadline and local.process.running():
-            with contextlib.suppress(httpx.HTTPError):
-                if client.get(local.url + "/health").status_code == 200:
-                    return True
-            time.sleep(POLL_S)
-    return False
 
 
 def cold_start() -> float:
@@ -156,9 +139,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--subjects", default=",".join(SUBJECTS), help="of " + ", ".join(SUBJECTS))
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
     args = ap.parse_args()
-    args.subjects = args.subjects.split(",")
-    if unknown := set(args.subjects) - set(SUBJECTS):
-        ap.error(f"--subjects takes {', '.join(SUBJECTS)}, not {', '.join(sorted(unknown))}")
+    args.subjects = subject_names(ap, args.subjects, SUBJECTS)
     return args
 
 
@@ -166,8 +147,6 @@ def main() -> None:
     args = parse_args()
     console = Console(width=170)
     load = MachineLoad.begin(console, peer_comparison=True, allow_busy=args.allow_busy)
-    if shutil.which("llmopt") is None and not Path(sys.executable).with_name("llmopt").exists():
-        raise SystemExit("llmopt is not installed in this Python's environment: `make install`")
     rounds = startup_rounds(starts(args.subjects), args.rounds, console)
     table = table_startup(rounds, load)
     console.print(table)
