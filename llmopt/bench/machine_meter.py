@@ -53,7 +53,7 @@ class TreeCpu:
         self.pid = pid
         self.source = f"process tree ({cpu_reader_name()})"
 
-    def read(self) -> float | None:
+    def read(self, page: dict[str, float] | None = None) -> float | None:
         return tree_cpu_seconds(self.pid)
 
 
@@ -65,8 +65,9 @@ class MetricsCpu:
     def __init__(self, base_url: str, timeout_s: float = 5.0):
         self.base_url, self.timeout_s = base_url, timeout_s
 
-    def read(self) -> float | None:
-        return scrape(self.base_url, self.timeout_s).get(PROCESS_CPU)
+    def read(self, page: dict[str, float] | None = None) -> float | None:
+        """The counter from `page` where one was scraped already, else from a fresh scrape."""
+        return (page if page is not None else scrape(self.base_url, self.timeout_s)).get(PROCESS_CPU)
 
 
 class MachineMeter:
@@ -84,11 +85,16 @@ class MachineMeter:
         self.base_url, self.here = base_url, here
         self._t0 = 0.0
         self._cpu0: float | None = None
+        self._weight_bytes: float | None = None
 
     def start(self) -> None:
+        # One scrape serves the CPU counter and the decode weight bytes (fixed for a loaded model), so a
+        # point costs the server's page one request at its start and, for a CPU counter, one at its end.
+        page = scrape(self.base_url, timeout_s=5.0)
+        self._weight_bytes = page.get(DECODE_WEIGHT_BYTES)
         if self.energy is not None:
             self.energy.start()
-        self._cpu0 = self.cpu.read()
+        self._cpu0 = self.cpu.read(page)
         self._t0 = time.perf_counter()
 
     def stop(self) -> MachineUse:
@@ -100,10 +106,9 @@ class MachineMeter:
     def _decode_reads(self) -> tuple[float | None, float | None]:
         """The server's decode weight bytes and, when it runs here, the machine's bandwidth (measured
         once per process, after this point's timed window)."""
-        weight_bytes = scrape(self.base_url).get(DECODE_WEIGHT_BYTES)
-        if weight_bytes is None:
+        if self._weight_bytes is None:
             return None, None
-        return weight_bytes, read_bandwidth_gbs() if self.here else None
+        return self._weight_bytes, read_bandwidth_gbs() if self.here else None
 
     def _cpu(self, cpu1: float | None) -> tuple[float | None, str]:
         if self._cpu0 is None or cpu1 is None:
