@@ -7,21 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from llmopt.bench.bench_error import BenchError
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.config import BenchConfig, with_overrides
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir, run_folder_name
-from llmopt.bench.sweep import run_sweep
-from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
-from llmopt.cli.options import console, fail, float_list, int_list
-from llmopt.cli.render import client_warning, natural_width, results_table
-from llmopt.report.machine_cost import cost_source_lines
+from llmopt.cli.options import fail, float_list, int_list
 
 # The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
 # (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the
@@ -64,6 +51,20 @@ def settings_from_options(options: dict[str, object]) -> dict[str, object]:
         if options[name] is not None or field not in settings:
             settings[field] = None if options[name] is None else parse(options[name])
     return settings
+
+
+def parse_and_run(
+    params: dict, recipe: Path | None, run_name: str | None, results_dir: Path, resume: bool
+) -> int:
+    """The bench's settings from the parsed options, then the run (bench_run.py, imported only now: its
+    client, aiohttp and the sweep are this command's imports alone)."""
+    try:
+        overrides = settings_from_options(params)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    from llmopt.cli.bench_run import start_bench
+
+    return start_bench(overrides, recipe, run_name, results_dir, resume)
 
 
 EndpointOption = Annotated[
@@ -261,98 +262,4 @@ def bench(
 ) -> None:
     """Load-test any OpenAI-compatible endpoint (ours, vLLM, llama.cpp, a paid API)."""
     # The settings are read by option name from ctx.params (see SETTINGS), not one parameter at a time.
-    raise typer.Exit(start_bench(ctx.params, recipe, run_name, results_dir, resume))
-
-
-def start_bench(
-    params: dict, recipe: Path | None, run_name: str | None, results_dir: Path, resume: bool
-) -> int:
-    """The bench the parsed options ask for, run; its exit code (a bad setting: its message, exit 1)."""
-    try:
-        overrides = settings_from_options(params)
-        config = with_overrides(load_recipe(recipe) if recipe else BenchConfig(), overrides)
-        config.validate()
-        tok = load_tokenizer(resolve_tokenizer(config.tokenizer))
-        name = run_name or run_folder_name(recipe)
-        return run_bench(config, results_dir / name, resume, tok, console)
-    except (BenchError, ModelError, ValueError) as exc:
-        raise fail(str(exc)) from None
-
-
-def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, console: Console) -> int:
-    """Run the sweep with progress bars; return the exit code (0 only if every request succeeded)."""
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("errors {task.fields[errors]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-
-    def on_point_start(key: str, point: LoadPoint):
-        task = progress.add_task(key, total=point.num_requests, errors=0)
-        errors = 0
-
-        def on_record(record: RequestRecord) -> None:
-            nonlocal errors
-            errors += not record.success
-            progress.update(task, advance=1, errors=errors)
-
-        return on_record
-
-    points: list[dict] = []
-    interrupted = False
-    with progress:
-        try:
-            notes = (lambda p: print_point_notes(console, p), lambda k, why: print_skipped(console, k, why))
-            points = run_sweep(config, run_dir, resume, tokenizer, on_point_start, *notes)
-        except KeyboardInterrupt:
-            interrupted = True
-    run = RunDir(run_dir)
-    if interrupted:
-        points = run.load_summaries()
-    if points:
-        table = results_table(points, f"p{max(config.percentiles):g}")
-        wide = Console(width=None if console.is_terminal else natural_width(table))  # a file or pipe: all
-        wide.print(table)
-        for line in cost_source_lines(points):  # why a CPU or energy cell reads "-"
-            wide.print(line, style="dim", markup=False)
-        # Imported here: the report pulls in matplotlib, which every other command would pay for.
-        from llmopt.report.html import write_report
-
-        write_report([run_dir], run.report)
-    console.print(f"results: {run_dir}/{SUMMARY_JSON}, {SUMMARY_CSV}, {RECORDS}, {REPORT}")
-    if interrupted:
-        console.print("[yellow]interrupted: finished requests are kept; continue with --resume[/]")
-        return 130
-    failed = sum(p["failed"] for p in points)
-    if failed:
-        console.print(f"[red]{failed} request(s) failed[/]")
-        return 1
-    return 0
-
-
-def print_point_notes(console: Console, summary: dict) -> None:
-    """What a finished point's table row cannot say: its failures, warnings, tools refused, why it
-    saturated, early stop."""
-    key = summary["key"]
-    if summary["failed"]:
-        errors = escape("; ".join(summary["errors"][:3]))
-        console.print(f"[yellow]{key}: {summary['failed']} failed: {errors}[/]")
-    for note in summary.get("warnings") or []:
-        console.print(f"[yellow]{key}: warning: {escape(note)}[/]")
-    if (client := client_warning(summary)) is not None:
-        console.print(client)
-    if summary.get("tools") not in (None, "sent"):
-        console.print(f"[yellow]{key}: tools {escape(summary['tools'])}[/]")
-    if summary.get("saturated"):
-        console.print(f"[yellow]{key}: saturated: {escape(summary['saturation_reason'])}[/]")
-    if summary.get("stopped_early"):
-        console.print(f"[red]{key}: stopped early: {escape(summary['stopped_early'])}[/]")
-
-
-def print_skipped(console: Console, key: str, why: str) -> None:
-    """A point --stop-on-saturation did not run, and why."""
-    console.print(f"[yellow]{key}: skipped (--stop-on-saturation): {escape(why)}[/]")
+    raise typer.Exit(parse_and_run(ctx.params, recipe, run_name, results_dir, resume))

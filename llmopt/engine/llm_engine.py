@@ -12,7 +12,7 @@ import time
 import zlib
 
 import torch
-from transformers import AutoConfig, GenerationConfig
+from transformers import GenerationConfig
 
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
@@ -20,6 +20,7 @@ from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
 from llmopt.engine.logits_processing import PreparedLogits, SeqRows, batch_rows, prepare_logits, score_prompt
 from llmopt.engine.model_runner import ModelRunner
+from llmopt.engine.models.model_config import read_model_config
 from llmopt.engine.output_builder import OutputBuilder, OutputCallback, Request
 from llmopt.engine.outputs import EngineStats, RequestOutput
 from llmopt.engine.sampler import greedy_tokens, sample_rows
@@ -45,7 +46,7 @@ class LLMEngine:
         self.config = config
         self.model_dir = resolve_model(config.model)
         self.tokenizer = load_tokenizer(self.model_dir)
-        model_max = int(getattr(AutoConfig.from_pretrained(self.model_dir), "max_position_embeddings", 8192))
+        model_max = int(getattr(read_model_config(self.model_dir), "max_position_embeddings", 8192))
         self.max_model_len = min(config.max_model_len or min(model_max, 8192), model_max)
         self.runner = ModelRunner(config, self.model_dir, self.max_model_len)
         self.block_manager = BlockManager(

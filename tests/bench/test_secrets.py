@@ -15,7 +15,7 @@ from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.launcher import API_KEY_ENV, llmopt_serve_env
 from llmopt.bench.rundir import RunDir
 from llmopt.checkpoints import load_tokenizer
-from llmopt.cli.bench import run_bench
+from llmopt.cli.bench_run import run_bench
 from tests.bench.conftest import answer
 
 SECRET = "sk-test-7Hq2xZ9pLm4vB8nR"

@@ -19,7 +19,7 @@ from llmopt.bench.runner import run_point
 from llmopt.bench.self_check import ClientLoad, SelfCheck, client_summary
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
-from llmopt.cli.bench import print_point_notes
+from llmopt.cli.bench_run import print_point_notes
 from tests.bench.conftest import stall
 
 

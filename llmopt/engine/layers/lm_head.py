@@ -12,11 +12,16 @@ from llmopt.engine.layers.quantized_linear import QuantizedLinear
 LM_HEAD_DTYPES = ("auto", "float32", "int8")
 
 
-def quantize_rows_int8(weight: torch.Tensor) -> QuantizedWeight:
+def quantize_rows_int8(weight: torch.Tensor, rows: int = 2048) -> QuantizedWeight:
     """[out, in] -> int8 per output row, symmetric: q in [1, 255] around zero point 128."""
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    q = torch.round(weight / scale).clamp(-127, 127) + 128
-    return QuantizedWeight(q.to(torch.uint8), scale, torch.full_like(scale, 128.0), 8, weight.shape[1])
+    low, high = torch.aminmax(weight, dim=1, keepdim=True)
+    scale = torch.maximum(high, -low).clamp_(min=torch.finfo(torch.float32).tiny) / 127
+    # A block of rows at a time, in place: no fp32 temporaries the size of the head (49152 x 576 for the
+    # default model), which took 0.28-0.51 s of a warm start to allocate and fill; 0.05 s so.
+    q = torch.empty(weight.shape, dtype=torch.uint8)
+    for block, block_scale, out in zip(weight.split(rows), scale.split(rows), q.split(rows)):
+        out.copy_(torch.div(block, block_scale).round_().clamp_(-127, 127).add_(128))
+    return QuantizedWeight(q, scale, torch.full_like(scale, 128.0), 8, weight.shape[1])
 
 
 def output_layer(

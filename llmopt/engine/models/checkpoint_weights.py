@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig
 
 from llmopt.engine.formats import QuantizedWeight, checkpoint_quantization, take_quantized
 from llmopt.engine.formats.gguf_cache import read_gguf_cached
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
+from llmopt.engine.models.model_config import read_model_config
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class CheckpointWeights:
             self.tensors = read_safetensors(model_dir)
             self.qconfig = checkpoint_quantization(model_dir)
         else:
-            config = AutoConfig.from_pretrained(model_dir)
+            config = read_model_config(model_dir)
             heads = config.num_attention_heads, config.num_key_value_heads
             self.tensors, self.native = read_gguf_cached(gguf, *heads)
             self.qconfig = None

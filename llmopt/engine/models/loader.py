@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig
 
 from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES
 from llmopt.engine.layers.lm_head import output_layer
@@ -15,6 +14,7 @@ from llmopt.engine.models.checkpoint_weights import CheckpointWeights, set_linea
 from llmopt.engine.models.gemma3 import MODEL_TYPES as GEMMA3_TYPES
 from llmopt.engine.models.gemma3 import Gemma3ForCausalLM, Gemma3Layer
 from llmopt.engine.models.llama import DecoderLayer, LlamaForCausalLM
+from llmopt.engine.models.model_config import read_model_config
 from llmopt.engine.models.moe import MOE_MODEL_TYPES, MoeDecoderLayer, MoeForCausalLM
 from llmopt.engine.models.moe_loader import load_moe
 
@@ -42,7 +42,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     """The model of `model_dir`; with `gguf`, its weights read from that file at the file's own
     precision (config and tokenizer still come from `model_dir`, the file's converted folder)."""
-    config = AutoConfig.from_pretrained(model_dir)
+    config = read_model_config(model_dir)
     assert gguf is None or config.model_type in NATIVE_MODEL_TYPES, "precision.py reads only these natively"
     weights = CheckpointWeights(model_dir, dtype, gguf)
     if config.model_type in GEMMA3_TYPES:
