@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from llmopt.gemma3_gguf import GEMMA3_TENSORS as GEMMA3_TENSORS  # the engine's GGUF reader names them so
 from llmopt.gemma3_gguf import NotGemma3Error, write_gemma3_folder
 
 DEFAULT_MODEL = "smollm2-135m"

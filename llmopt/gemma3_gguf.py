@@ -6,28 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmopt.gguf_names import GEMMA3_LAYER_NAMES, GLOBAL_NAMES
+
 
 class NotGemma3Error(ValueError):
     """A tensor that is not part of Gemma 3's text decoder (checkpoints.py reports it as a ModelError)."""
-
-
-# llama.cpp's tensor names for Gemma 3 -> transformers' (per layer, before ".weight").
-GEMMA3_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-GEMMA3_WHOLE = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
 def write_gemma3_folder(gguf: Path, folder: Path) -> None:
@@ -45,8 +28,10 @@ def write_gemma3_folder(gguf: Path, folder: Path) -> None:
         base, _, kind = (
             t.name.removesuffix(".weight").rpartition(".") if t.name.startswith("blk.") else ("", "", "")
         )
-        name = GEMMA3_WHOLE.get(t.name.removesuffix(".weight")) or (
-            f"model.layers.{base.split('.')[1]}.{GEMMA3_TENSORS[kind]}" if kind in GEMMA3_TENSORS else None
+        name = GLOBAL_NAMES.get(t.name.removesuffix(".weight")) or (
+            f"model.layers.{base.split('.')[1]}.{GEMMA3_LAYER_NAMES[kind]}"
+            if kind in GEMMA3_LAYER_NAMES
+            else None
         )
         if name is None:
             raise NotGemma3Error(f"{gguf}: tensor {t.name} is not part of Gemma 3's text decoder")

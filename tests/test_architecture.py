@@ -9,10 +9,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 
 # What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
-# evaluate -> engine -> checkpoints (-> gemma3_gguf); pricing, cost, corpus and files are leaves anyone may
-# read. The bench speaks HTTP and never imports the engine; the report reads run folders through the
-# bench's rundir.py (ONLY_THROUGH). engines builds and runs other engines' servers (vLLM, llama.cpp):
-# the CLI and the bench start them through it.
+# evaluate -> engine -> checkpoints (-> gemma3_gguf -> gguf_names); pricing, cost, corpus and files are
+# leaves anyone may read. The bench speaks HTTP and never imports the engine; the report reads run
+# folders through the bench's rundir.py (ONLY_THROUGH). engines builds and runs other engines' servers
+# (vLLM, llama.cpp): the CLI and the bench start them through it.
 LEAVES = {"pricing", "cost", "corpus", "files"}
 ALLOWED: dict[str, set[str]] = {
     "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "engines", "checkpoints"} | LEAVES,
@@ -21,10 +21,11 @@ ALLOWED: dict[str, set[str]] = {
     "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
-    "engine": {"checkpoints"},
+    "engine": {"checkpoints", "gguf_names"},
     "engines": {"checkpoints"},  # never llmopt's engine or server: a peer is another process
     "checkpoints": {"gemma3_gguf"},
-    "gemma3_gguf": set(),  # a Gemma 3 GGUF as a transformers folder: checkpoints' converter, a leaf
+    "gemma3_gguf": {"gguf_names"},  # a Gemma 3 GGUF as a transformers folder: checkpoints' converter
+    "gguf_names": set(),  # llama.cpp's tensor names, which the engine's reader and the converter share
     "pricing": {"files"},
     "cost": {"pricing"},  # prices workloads: never a run folder, a server or the engine
     "corpus": set(),

@@ -11,7 +11,7 @@ from gguf.quants import quantize
 from transformers import AutoModelForCausalLM, AutoTokenizer, Gemma3TextConfig
 
 from llmopt.checkpoints import convert_gguf
-from llmopt.gemma3_gguf import GEMMA3_TENSORS
+from llmopt.gguf_names import GEMMA3_LAYER_NAMES
 
 CONTROL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
 PIECES = ["▁", "a", "b", "c", "ab", "▁a", "▁ab", "abc", "▁abc"]  # best score first, as SentencePiece ranks
@@ -49,7 +49,7 @@ def write_gemma3_gguf(
     writer.add_unk_token_id(3)
     writer.add_pad_token_id(0)
     writer.add_add_bos_token(True)
-    names = {v: k for k, v in GEMMA3_TENSORS.items()}
+    names = {v: k for k, v in GEMMA3_LAYER_NAMES.items()}
     for name, tensor in model.state_dict().items():
         data = tensor.float().numpy()
         if name.endswith("norm.weight"):

@@ -16,31 +16,17 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import Q4_K, dequantize
 
-from llmopt.checkpoints import GEMMA3_TENSORS
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.gguf_names import GEMMA3_LAYER_NAMES, GLOBAL_NAMES, LAYER_NAMES
 
 log = logging.getLogger(__name__)
 
 T = GGMLQuantizationType
 DENSE_TYPES = (T.F32, T.F16, T.BF16)
-GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
 # The model types whose GGUF layout read_gguf maps (MoE experts it does not).
 NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 # Per architecture, llama.cpp's layer tensor names -> the HF ones (Gemma 3: four norms a layer).
-ARCHITECTURE_NAMES = {"gemma3": GEMMA3_TENSORS}
+ARCHITECTURE_NAMES = {"gemma3": GEMMA3_LAYER_NAMES}
 # llama.cpp's converter interleaves the rows of q and k of these architectures for its rope layout.
 PERMUTED_ARCHITECTURES = ("llama",)
 # Tensors the engine derives itself (llama 3's precomputed rope frequencies).
