@@ -54,7 +54,8 @@ def test_no_tokens_or_no_reading():
 @pytest.mark.slow
 def test_every_point_gets_them_in_its_summary_and_csv(openai_endpoint, tokenizer_dir, tmp_path, monkeypatch):
     """A sweep against a stub whose /metrics CPU counter moves 0.5 s at every scrape, on a machine whose
-    fake RAPL counter moves 1 J at every scrape: with the sampler off, the meter's two scrapes a run."""
+    fake RAPL counter moves 1 J at every scrape: with the sampler off, the meter's two scrapes a run, the
+    energy read after the first as the CPU counter is: each run's window holds one scrape's growth of both."""
     package = zone(tmp_path, "intel-rapl:0", "package-0", 0)
     monkeypatch.setattr(meters, "find_zones", lambda: find_zones(tmp_path))
     scrapes = []
@@ -79,11 +80,11 @@ def test_every_point_gets_them_in_its_summary_and_csv(openai_endpoint, tokenizer
     assert point["output_tokens"] == 2 * 4 * 5 and point["cpu_source"] == PROCESS_CPU
     assert point["server_cpu_s"] == pytest.approx(2 * 0.5)  # each run: one scrape's growth
     assert point["cpu_s_per_1k_tokens"] == pytest.approx(1.0 / 40 * 1000)
-    assert point["energy_source"] == "rapl" and point["energy_j"] == pytest.approx(2 * 2.0)
-    assert point["joules_per_token"] == pytest.approx(4.0 / 40)
+    assert point["energy_source"] == "rapl" and point["energy_j"] == pytest.approx(2 * 1.0)
+    assert point["joules_per_token"] == pytest.approx(2.0 / 40)
     assert 0 < point["server_cores"] == pytest.approx(point["server_cpu_s"] / point["duration_s"], rel=0.5)
     [row] = list(csv.DictReader(RunDir(tmp_path / "r").summary_csv.read_text().splitlines()))
-    assert float(row["joules_per_token"]) == pytest.approx(0.1) and row["energy_source"] == "rapl"
+    assert float(row["joules_per_token"]) == pytest.approx(0.05) and row["energy_source"] == "rapl"
     assert float(row["cpu_s_per_1k_tokens"]) == pytest.approx(25.0) and row["cpu_source"] == PROCESS_CPU
 
 
