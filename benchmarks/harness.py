@@ -15,8 +15,8 @@ import numpy as np
 from rich.console import Console
 
 from llmopt.bench.client import BenchRequest
-from llmopt.bench.launcher import llmopt_serve_command
 from llmopt.bench.workload.text import corpus_token_ids, text_of_length
+from llmopt.engines.llmopt import llmopt_serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each peer's Python is found: its environment variable, else the venv `make peers` builds.
@@ -161,7 +161,7 @@ class ServeSubject:
     served_name: str = SERVED
 
     def command(self, port: int) -> list[str]:
-        return llmopt_serve_command(port, [*self.args, "--served-model-name", self.served_name])
+        return llmopt_serve_argv(port, [*self.args, "--served-model-name", self.served_name])
 
 
 @dataclass

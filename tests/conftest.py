@@ -17,9 +17,10 @@ import httpx
 import pytest
 import torch
 
-from llmopt.bench.launcher import LocalServer, llmopt_serve_command
+from llmopt.bench.launcher import LocalServer
 from llmopt.checkpoints import resolve_model
 from llmopt.engine.llm import LLM
+from llmopt.engines.llmopt import llmopt_serve_argv
 from llmopt.quant.quantize import QuantizeConfig, quantize
 
 # Tests that use any of these need the real model (and most a live server): `make test-fast` skips
@@ -120,7 +121,7 @@ class LiveServer(LocalServer):
     """`llmopt serve` with the helpers tests need to look inside it."""
 
     def __init__(self, *args: str):
-        super().__init__(lambda port: llmopt_serve_command(port, list(args)), ready_timeout_s=180)
+        super().__init__(lambda port: llmopt_serve_argv(port, list(args)), ready_timeout_s=180)
 
     def metrics(self) -> dict[str, float]:
         """The server's /metrics as {sample name: value} (label sets dropped; one model per server),

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.habit import Habit
-from llmopt.bench.launcher import llmopt_serve_command, llmopt_serve_env
 from llmopt.bench.load_point import LoadPoint
 from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.bench.request_metrics import DEFAULT_PERCENTILES, parse_slo
@@ -27,7 +26,8 @@ from llmopt.engines.serve import engine_command
 
 @dataclass
 class ServerSpec:
-    """A local `llmopt serve` config: a name and its CLI flags ({"max-num-seqs": 16, ...})."""
+    """A local server config: a name, its `llmopt serve` flags ({"max-num-seqs": 16, ...}) and the engine
+    that serves them, llmopt's own as one of llmopt.engines (each translates the flags)."""
 
     name: str
     model: str | None = None
@@ -40,8 +40,8 @@ class ServerSpec:
 
     @property
     def api_key(self) -> str | None:
-        """The `api-key` of `args`. The server gets it in its environment (launcher.llmopt_serve_env),
-        not on its command line, which every user of the machine can read."""
+        """The `api-key` of `args`, which the bench sends; the server gets it in its environment
+        (engines translate it there), not on its command line, which every user of the machine can read."""
         keys = [value for key, value in self.args.items() if is_api_key_arg(key)]
         return str(keys[-1]) if keys else None
 
@@ -49,37 +49,15 @@ class ServerSpec:
         """`args` as a run folder keeps them: without the API key."""
         return redact_args(self.args)
 
-    def flags(self) -> list[str]:
-        """`args` as `llmopt serve` flags: True -> --flag, False -> --no-flag, tables and lists as JSON;
-        the API key is left out (see `api_key`)."""
-        flags: list[str] = [self.model] if self.model else []
-        for key, value in self.args.items():
-            if is_api_key_arg(key):
-                continue
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                flags.append(flag)
-            elif value is False:
-                flags.append("--no-" + flag[2:])
-            elif isinstance(value, (dict, list)):
-                flags += [flag, json.dumps(value)]
-            else:
-                flags += [flag, str(value)]
-        return flags
-
     def command(self, port: int) -> list[str]:
-        if self.engine == "llmopt":
-            return llmopt_serve_command(port, self.flags())
         return self.engine_command(port).argv
 
     def env(self) -> dict[str, str]:
         """The server's environment, with its API key (never on its command line)."""
-        if self.engine == "llmopt":
-            return llmopt_serve_env(self.api_key)
         return self.engine_command(0).environment()
 
     def engine_command(self, port: int, installed: bool = True) -> EngineCommand:
-        """Another engine's command for these args (`installed`: with a Python that has the engine)."""
+        """The engine's command for these args (`installed`: with a Python that has the engine)."""
         try:
             options = ServeOptions.from_args(self.model, self.args, port)
             return engine_command(self.engine, options, check=installed)
@@ -87,10 +65,10 @@ class ServerSpec:
             raise BenchError(f"[[serve]] {self.name} (engine {self.engine}): {exc}") from None
 
     def check_engine(self, installed: bool = False) -> None:
-        """For another engine: that it takes every arg (validate), and that it is installed (before a
-        run starts its first server: a recipe stays valid on a machine without the peer)."""
-        if self.engine != "llmopt":
-            self.engine_command(0, installed)
+        """That the engine takes every arg (validate: an unknown one is named before anything starts), and
+        that it is installed (before a run starts its first server: a recipe stays valid on a machine
+        without the peer)."""
+        self.engine_command(0, installed)
 
 
 @dataclass

@@ -10,28 +10,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
-from llmopt.engines.options import API_KEY_ENV
 from llmopt.engines.process import STOP_TIMEOUT_S, ServerProcess
-
-__all__ = ["API_KEY_ENV", "LocalServer", "free_port", "llmopt_serve_command", "llmopt_serve_env"]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def llmopt_serve_command(port: int, args: list[str]) -> list[str]:
-    return llmopt_serve_argv(port, args)
-
-
-def llmopt_serve_env(api_key: str | None) -> dict[str, str]:
-    """The environment of a local `llmopt serve`: ours, with `api_key` in $LLMOPT_API_KEY (a command
-    line is readable by every user of the machine, an environment is not), or no key at all, whatever
-    our own environment holds, so that the server asks for exactly the key the bench sends."""
-    return llmopt_environment(api_key)
 
 
 class LocalServer:

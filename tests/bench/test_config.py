@@ -73,21 +73,28 @@ def test_server_spec_flags_follow_llmopt_serve():
         args={
             "max-num-seqs": 4,
             "enable_prefix_caching": False,
-            "some-switch": True,
             "speculative-config": {"method": "ngram", "num_speculative_tokens": 3},
         },
     )
-    assert spec.flags() == [
+    command = spec.command(8123)
+    assert command[command.index("serve") :] == [
+        "serve",
+        "--port",
+        "8123",
         "m.gguf",
         "--max-num-seqs",
         "4",
         "--no-enable-prefix-caching",
-        "--some-switch",
         "--speculative-config",
         '{"method": "ngram", "num_speculative_tokens": 3}',
     ]
-    command = spec.command(8123)
-    assert command[-len(spec.flags()) :] == spec.flags() and "8123" in command
+
+
+def test_a_flag_llmopt_serve_lacks_is_named_before_anything_starts():
+    spec = ServerSpec("s", args={"max-num-seqs": 4, "some-switch": True})
+    named = r"\[\[serve\]\] s \(engine llmopt\): unknown serve flag --some-switch"
+    with pytest.raises(BenchError, match=named):
+        spec.check_engine()
 
 
 RECIPE = """

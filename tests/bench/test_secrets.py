@@ -12,10 +12,11 @@ from rich.console import Console
 
 from llmopt.bench import server_lifecycle
 from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.launcher import API_KEY_ENV, llmopt_serve_env
 from llmopt.bench.rundir import RunDir
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench_run import run_bench
+from llmopt.engines.llmopt import llmopt_environment
+from llmopt.engines.options import API_KEY_ENV
 from tests.bench.conftest import answer
 
 SECRET = "sk-test-7Hq2xZ9pLm4vB8nR"
@@ -98,13 +99,15 @@ def test_a_local_servers_key_goes_in_its_environment_not_its_command_line(
 def test_a_local_server_never_inherits_a_key_from_our_environment(monkeypatch):
     monkeypatch.setenv(API_KEY_ENV, "from-the-shell")
     monkeypatch.setenv("HOME_FOR_TEST", "kept")
-    assert API_KEY_ENV not in llmopt_serve_env(None) and llmopt_serve_env(None)["HOME_FOR_TEST"] == "kept"
-    assert llmopt_serve_env("k")[API_KEY_ENV] == "k"
+    assert API_KEY_ENV not in llmopt_environment(None) and llmopt_environment(None)["HOME_FOR_TEST"] == "kept"
+    assert llmopt_environment("k")[API_KEY_ENV] == "k"
 
 
 def test_a_key_in_server_args_stays_off_the_flags():
     spec = ServerSpec("s", args={"api_key": SECRET, "max-num-seqs": 4})
-    assert spec.flags() == ["--max-num-seqs", "4"] and spec.api_key == SECRET
+    command = spec.command(8123)
+    assert command[command.index("serve") :] == ["serve", "--port", "8123", "--max-num-seqs", "4"]
+    assert spec.env()[API_KEY_ENV] == SECRET
     assert spec.recorded_args() == {"api_key": "***", "max-num-seqs": 4}
     assert spec.args["api_key"] == SECRET  # the spec itself is not changed
     assert SECRET not in json.dumps(BenchConfig(api_key=SECRET, servers=[spec]).recorded())

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmopt.bench.launcher import LocalServer, llmopt_serve_command, llmopt_serve_env
+from llmopt.bench.launcher import LocalServer
 from llmopt.bench.rundir import RunDir
+from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
 from llmopt.engines.python import imports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def serve_and_chat(engine: str, python: Path, ready_timeout_s: float) -> None:
         "512",
     ]
     server = LocalServer(
-        lambda port: llmopt_serve_command(port, args), ready_timeout_s, env=llmopt_serve_env(KEY)
+        lambda port: llmopt_serve_argv(port, args), ready_timeout_s, env=llmopt_environment(KEY)
     )
     with server:
         assert chat_once(server.url)
