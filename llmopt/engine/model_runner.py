@@ -14,7 +14,7 @@ from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
 from llmopt.engine.models.decode_reads import decode_weight_bytes
 from llmopt.engine.models.kernel_layout import pack_for_kernels
-from llmopt.engine.models.loader import load_model
+from llmopt.engine.models.loaded_model_cache import load_model_cached
 from llmopt.engine.precision import resolve_precision, startup_line
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
@@ -35,7 +35,7 @@ class ModelRunner:
         self.precision = resolve_precision(config.dtype, config.model, model_dir)
         self.dtype = self.precision.compute
         self.block_size = config.block_size
-        self.model = load_model(model_dir, self.dtype, self.precision.gguf, config.lm_head_dtype)
+        self.model = load_model_cached(model_dir, self.dtype, self.precision.gguf, config.lm_head_dtype)
         model_config = self.model.config
         self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
         num_layers = model_config.num_hidden_layers

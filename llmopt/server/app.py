@@ -12,7 +12,6 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 
 from llmopt.engine.engine_thread import EngineThread
-from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.errors import APIError, api_error_handler, request_validation_error_handler
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.routes import build_router
@@ -21,8 +20,10 @@ from llmopt.server.settings import ServerSettings
 __all__ = ["ServerSettings", "create_app"]
 
 
-def create_app(engine: LLMEngine, settings: ServerSettings) -> FastAPI:
-    engine_thread = EngineThread(engine)
+def create_app(engine_thread: EngineThread, settings: ServerSettings) -> FastAPI:
+    """The API over `engine_thread`, which the app's lifespan starts (if the caller has not begun it)
+    and stops."""
+    engine = engine_thread.engine
     metrics = ServerMetrics(engine, settings.served_model_name)
 
     @contextlib.asynccontextmanager

@@ -1,0 +1,57 @@
+"""The bundled GGUF as the engine loaded it, saved and mapped back in: the same logits, no second load,
+and a new file when anything it depends on changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmopt.checkpoints import bundled_gguf_path
+from llmopt.engine.models import loaded_model_cache
+from llmopt.engine.models.loaded_model_cache import cache_key, load_model_cached
+
+
+def logits_of(model, token_ids: list[int]) -> torch.Tensor:
+    hidden = model.embed[torch.tensor(token_ids)]
+    return model.logits(hidden)  # the output layer alone: the part --dtype auto makes int8
+
+
+@pytest.mark.model
+def test_a_second_load_maps_the_saved_model(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(loaded_model_cache, "FOLDER", tmp_path)  # an absolute FOLDER replaces model_dir's
+    gguf = bundled_gguf_path()
+    built = load_model_cached(model_dir, torch.float32, gguf, "auto")
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+
+    def no_second_load(*args):
+        raise AssertionError("the saved model should have been read")
+
+    monkeypatch.setattr(loaded_model_cache, "load_model", no_second_load)
+    saved = load_model_cached(model_dir, torch.float32, gguf, "auto")
+    assert saved is not built and type(saved) is type(built)
+    assert saved.lm_head_t.kernel == built.lm_head_t.kernel == "w8a8"
+    for a, b in zip(built.state_dict().values(), saved.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    layers = [(m, n) for m, n in zip(built.modules(), saved.modules(), strict=True) if hasattr(m, "panels")]
+    assert len(layers) == 121  # 30 layers x 4 fused linears, and the output layer
+    for a, b in layers:
+        assert torch.equal(a.panels.packed, b.panels.packed) and torch.equal(a.panels.scales, b.panels.scales)
+    token_ids = [1, 42, 4000, 17]
+    assert torch.equal(logits_of(saved, token_ids), logits_of(built, token_ids))
+
+
+def test_the_key_changes_with_what_the_model_depends_on(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF one")
+    key = cache_key(gguf, torch.float32, "auto")
+    assert cache_key(gguf, torch.float32, "auto") == key
+    assert cache_key(gguf, torch.float32, "float32") != key
+    assert cache_key(gguf, torch.bfloat16, "auto") != key
+    monkeypatch.setenv("LLMOPT_QUANT_KERNEL", "aten")
+    assert cache_key(gguf, torch.float32, "auto") != key
+    monkeypatch.delenv("LLMOPT_QUANT_KERNEL")
+    monkeypatch.setattr(loaded_model_cache, "sources_digest", lambda: "another llmopt")
+    assert cache_key(gguf, torch.float32, "auto") != key
+    monkeypatch.undo()
+    gguf.write_bytes(b"GGUF, another file")
+    assert cache_key(gguf, torch.float32, "auto") != key
