@@ -23,7 +23,8 @@ ALLOWED: dict[str, set[str]] = {
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
     "engine": {"checkpoints", "gguf_names", "load_cache"},
-    "engines": {"checkpoints"},  # never llmopt's engine or server: a peer is another process
+    # never llmopt's engine or server (a peer is another process), only the engine config's defaults
+    "engines": {"checkpoints", "engine"},
     "checkpoints": {"gemma3_gguf", "load_cache"},
     "gemma3_gguf": {"gguf_names"},  # a Gemma 3 GGUF as a transformers folder: checkpoints' converter
     "gguf_names": set(),  # llama.cpp's tensor names, which the engine's reader and the converter share
@@ -37,7 +38,11 @@ ALLOWED: dict[str, set[str]] = {
 # Where a part may import only some modules of another: {part: {other part: the modules it may import}}.
 # The report reads run folders through bench/rundir.py alone, whose file list is the contract between
 # them: nothing else of the bench's insides.
-ONLY_THROUGH: dict[str, dict[str, set[str]]] = {"report": {"bench": {"llmopt.bench.rundir"}}}
+# engines reads the defaults of the serve options llmopt's engine takes from its EngineConfig.
+ONLY_THROUGH: dict[str, dict[str, set[str]]] = {
+    "report": {"bench": {"llmopt.bench.rundir"}},
+    "engines": {"engine": {"llmopt.engine.config"}},
+}
 MAX_FUNCTION_LINES = 60
 
 

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmopt.engine.config import EngineConfig
 from llmopt.engines.errors import EngineError
 
 API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` (and llama.cpp's launcher) read the API key
@@ -22,36 +23,43 @@ def option(default: object, part: str | None = None) -> Any:
     return field(default=default, metadata={"part": part})
 
 
+def engine_option(name: str) -> Any:
+    """An option llmopt's engine takes, with EngineConfig's default (`LLM(...)`'s): written once there,
+    so `llmopt serve model` runs as `LLM(model)` does."""
+    return option(getattr(EngineConfig, name), ENGINE)
+
+
 @dataclass
 class ServeOptions:
-    """Every serve option with its default, written here only: `llmopt serve`'s flags default to these
-    (cli/serve.py), a recipe's `[[serve]] args` override them, and each engine translates them."""
+    """Every serve option with its default (the engine's from EngineConfig, the rest written here only):
+    `llmopt serve`'s flags default to these (cli/serve.py), a recipe's `[[serve]] args` override them,
+    and each engine translates them."""
 
-    model: str | None = option(None, ENGINE)
+    model: str | None = engine_option("model")
     host: str = option("127.0.0.1", LISTENER)
     port: int = option(8000, LISTENER)
     served_model_name: str | None = option(None)  # the API's name: the model's when None (cli/serve.py)
     api_key: str | None = option(None, API)
-    max_num_seqs: int = option(64, ENGINE)
-    max_num_batched_tokens: int = option(512, ENGINE)
-    block_size: int = option(16, ENGINE)
-    num_kv_blocks: int | None = option(None, ENGINE)
-    kv_cache_memory_gb: float = option(1.0, ENGINE)
-    enable_prefix_caching: bool = option(True, ENGINE)
-    max_model_len: int | None = option(None, ENGINE)
-    dtype: str = option("auto", ENGINE)  # each checkpoint in its own format (llmopt/engine/precision.py)
+    max_num_seqs: int = engine_option("max_num_seqs")
+    max_num_batched_tokens: int = engine_option("max_num_batched_tokens")
+    block_size: int = engine_option("block_size")
+    num_kv_blocks: int | None = engine_option("num_kv_blocks")
+    kv_cache_memory_gb: float = engine_option("kv_cache_memory_gb")
+    enable_prefix_caching: bool = engine_option("enable_prefix_caching")
+    max_model_len: int | None = engine_option("max_model_len")
+    dtype: str = engine_option("dtype")  # each checkpoint in its own format (llmopt/engine/precision.py)
     max_queue_len: int = option(256, API)
     max_request_bytes: int = option(4 * 2**20, API)
     limit_concurrency: int = option(1024, LISTENER)
     timeout_keep_alive: float = option(5.0, LISTENER)
-    speculative_config: str | dict | None = option(None, ENGINE)
+    speculative_config: str | dict | None = engine_option("speculative_config")
     tensor_parallel_size: int = option(1)
     pipeline_parallel_size: int = option(1)
     data_parallel_size: int = option(1)
     # llmopt's own (keyword only in cli/serve.py): no peer has them
-    inflight_prefix_sharing: bool = option(True, ENGINE)
-    kv_cache_dtype: str = option("auto", ENGINE)  # llmopt's "int8"; peers: not translated
-    lm_head_dtype: str = option("auto", ENGINE)  # llmopt's int8 output layer
+    inflight_prefix_sharing: bool = engine_option("inflight_prefix_sharing")
+    kv_cache_dtype: str = engine_option("kv_cache_dtype")  # llmopt's "int8"; peers: not translated
+    lm_head_dtype: str = engine_option("lm_head_dtype")  # llmopt's int8 output layer
 
     @classmethod
     def from_args(cls, model: str | None, args: dict, port: int) -> ServeOptions:

@@ -42,8 +42,7 @@ def test_kv_cache_dtype_reaches_the_engine_config_and_a_bogus_one_is_a_usage_err
 
 
 def test_the_engine_configs_defaults_are_the_serve_options():
-    """EngineConfig keeps defaults of its own for `LLM(...)` (the engine cannot import engines/options.py):
-    they must be the serve options' defaults, so `LLM(model)` runs as `llmopt serve model` does."""
+    """`LLM(model)` runs as `llmopt serve model` does: every option the engine takes defaults alike."""
     import dataclasses
 
     from llmopt.engine.config import EngineConfig
