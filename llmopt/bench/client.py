@@ -282,16 +282,17 @@ async def _exchange(
     # Serialized before the clock starts: building the body is the client's work, not the server's time.
     body, headers = json.dumps(payload).encode(), target.headers()
     async with contextlib.AsyncExitStack() as stack:
-        sent = time.perf_counter()
+        stamp = SendStamp()
         try:
-            resp = await session.post(target.url, data=body, headers=headers)
+            resp = await session.post(target.url, data=body, headers=headers, trace_request_ctx=stamp)
         except NEVER_ANSWERED as exc:
             if isinstance(exc, aiohttp.ClientConnectorError):  # no connection at all: not a stale one
                 raise
             fresh = await stack.enter_async_context(fresh_session(session))
             record.reconnects += 1
-            sent = time.perf_counter()
-            resp = await fresh.post(target.url, data=body, headers=headers)
+            stamp = SendStamp()
+            resp = await fresh.post(target.url, data=body, headers=headers, trace_request_ctx=stamp)
+        sent = stamp.sent
         record.start = sent - t0
         await stack.enter_async_context(resp)
         record.status = resp.status
@@ -317,7 +318,30 @@ async def _exchange(
 def fresh_session(session: aiohttp.ClientSession) -> aiohttp.ClientSession:
     """A session of one new connection, with `session`'s timeouts: the pool may hold more connections
     the server has closed, and a re-send must not meet another."""
-    return aiohttp.ClientSession(timeout=session.timeout, connector=aiohttp.TCPConnector(force_close=True))
+    return timed_session(session.timeout, aiohttp.TCPConnector(force_close=True))
+
+
+@dataclass
+class SendStamp:
+    """When a request went out: set as its body is handed to the socket (headers go with it), so a
+    request's clock starts where the server's does. aiohttp writes a body in a task of its own (eagerly
+    only from Python 3.12), which a loop busy with other streams runs after every callback already
+    queued: timed from before session.post, a request's TTFT counted that wait as the server's."""
+
+    sent: float = field(default_factory=time.perf_counter)  # until the body is written: the call itself
+
+
+async def _on_body_sent(session, context, params) -> None:
+    stamp = context.trace_request_ctx
+    if isinstance(stamp, SendStamp):
+        stamp.sent = time.perf_counter()
+
+
+def timed_session(timeout: aiohttp.ClientTimeout, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+    """A session whose requests stamp their SendStamp (trace_request_ctx) when their body is sent."""
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(_on_body_sent)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector, trace_configs=[trace])
 
 
 async def fill_counts(

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from llmopt.bench.client import BenchRequest, RequestRecord, Target, send
+from llmopt.bench.client import BenchRequest, RequestRecord, Target, send, timed_session
 from llmopt.bench.load_point import LoadPoint, warm_list
 
 
@@ -66,7 +66,7 @@ def client_session(target: Target) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3)
     else:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=True)
-    return aiohttp.ClientSession(timeout=timeout, connector=connector)
+    return timed_session(timeout, connector)
 
 
 async def _closed_loop(

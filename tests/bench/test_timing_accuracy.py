@@ -20,6 +20,7 @@ from llmopt.bench import client
 from llmopt.bench.client import BenchRequest, RequestRecord, Target
 from llmopt.bench.launcher import free_port
 from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.loops import client_session
 from llmopt.bench.runner import run_point
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the stub lives there
@@ -90,3 +91,21 @@ def test_a_chunk_is_timed_when_it_arrives_not_after_it_is_parsed(stub, monkeypat
     records, truth = measure(stub, concurrency=1, requests=1)
     assert slowed
     assert records[0].ttft < truth[0]["ttft"] + 0.02
+
+
+def test_a_request_is_timed_from_when_it_went_out_not_from_the_call(stub):
+    """aiohttp writes a request's body in a task of its own: a loop busy with other streams runs it late
+    (here blocked 60 ms between the call and the write), and that wait is the client's, not the server's."""
+    stub_call(stub + "/stub/reset", "POST")
+    target = Target(stub + "/v1", "stub")
+    request = BenchRequest(prompt="hi", max_tokens=TIMING.tokens, prompt_tokens=1)
+
+    async def busy_second_send() -> RequestRecord:
+        async with client_session(target) as session:
+            await client.send(session, target, request, 0, time.perf_counter())  # a pooled connection
+            asyncio.get_running_loop().call_soon(time.sleep, 0.06)  # runs before the body's task
+            return await client.send(session, target, request, 1, time.perf_counter())
+
+    record = asyncio.run(busy_second_send())
+    truth = stub_call(stub + "/stub/timings")[-1]
+    assert record.success and truth["ttft"] - 0.0005 <= record.ttft < truth["ttft"] + 0.03
