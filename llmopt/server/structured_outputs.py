@@ -103,7 +103,10 @@ def from_structured_outputs(value: object) -> RequestedOutput:
 def from_value(kind: str, value: object, param: str) -> StructuredOutput:
     """The StructuredOutput of one field's value (a schema, a regex, a list of choices, a grammar)."""
     if kind == "json_schema":
-        output = StructuredOutput.json_schema(schema_object(value, param))
+        try:
+            output = StructuredOutput.json_schema(schema_object(value, param))
+        except ValueError as exc:  # a keyword xgrammar would not enforce
+            raise APIError(400, f"{param}: {exc}", param=param) from None
     elif kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise APIError(

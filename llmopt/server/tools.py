@@ -193,7 +193,10 @@ def constrained_output(
             "function: the tool call's schema constrains the output",
             param="response_format",
         )
-    return StructuredOutput.json_schema(schema)
+    try:
+        return StructuredOutput.json_schema(schema)
+    except ValueError as exc:  # a keyword xgrammar would not enforce, in a tool's parameters
+        raise APIError(400, f"tools: {exc}", param="tools") from None
 
 
 def template_handles_tools(chat_template: object) -> bool:

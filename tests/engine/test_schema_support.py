@@ -11,6 +11,7 @@ import pytest
 import xgrammar as xgr
 from xgrammar.testing import _is_grammar_accept_string
 
+from llmopt.engine.structured.request import StructuredOutput
 from llmopt.engine.structured.schema_support import unenforced_keyword
 
 INT = {"type": "integer"}
@@ -98,3 +99,12 @@ def test_the_walk_names_the_json_pointer_and_reads_no_data_as_keywords():
     assert unenforced_keyword({"$ref": "https://example.com/s.json"}) == ("$ref", "#/$ref")
     fine = {"type": "object", "properties": {"not": INT, "if": {"type": "string", "const": "not"}}}
     assert unenforced_keyword(fine) is None
+
+
+def test_a_schema_is_checked_where_its_one_text_form_is_made():
+    """StructuredOutput.json_schema refuses while the schema is a dict, so no later step parses its text
+    again to check it (xgrammar alone reads the text)."""
+    with pytest.raises(ValueError, match=r"'uniqueItems' \(at #/uniqueItems\), which xgrammar does not"):
+        StructuredOutput.json_schema({"type": "array", "items": INT, "uniqueItems": True})
+    fine = StructuredOutput.json_schema({"type": "integer", "minimum": 1})
+    assert fine.spec == '{"type": "integer", "minimum": 1}'

@@ -15,7 +15,6 @@ from concurrent.futures import Future, InvalidStateError
 import xgrammar as xgr
 
 from llmopt.engine.structured.request import StructuredOutput
-from llmopt.engine.structured.schema_support import unenforced_keyword
 
 CACHE_SIZE = 128  # compiled grammars kept, least recently used dropped first
 # Compiling runs on grammar threads (the server's requests) or the caller's (the in-process API), never
@@ -132,12 +131,6 @@ class GrammarCompiler:
         with self._cache_lock:
             if output in self._timed_out:
                 raise self._timeout_error(output)
-        if output.kind == "json_schema" and (found := unenforced_keyword(json.loads(output.spec))):
-            keyword, where = found
-            raise ValueError(
-                f"the schema uses {keyword!r} (at {where}), which xgrammar does not enforce: the output "
-                "could break the schema, so it is refused"
-            )
         try:
             compiled = compile_with(self._xgrammar(), output)
         except Exception as exc:  # xgrammar raises RuntimeError (and subclasses) for what it cannot read

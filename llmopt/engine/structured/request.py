@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+from llmopt.engine.structured.schema_support import unenforced_keyword
+
 StructuredKind = Literal["json_object", "json_schema", "regex", "choice", "grammar"]
 KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "choice", "grammar")
 
@@ -27,6 +29,14 @@ class StructuredOutput:
 
     @classmethod
     def json_schema(cls, schema: dict) -> StructuredOutput:
+        """The schema as its one text form, checked while it is a dict (a ValueError naming a keyword
+        xgrammar would compile without enforcing); xgrammar reads the text, nothing parses it again."""
+        if found := unenforced_keyword(schema):
+            keyword, where = found
+            raise ValueError(
+                f"the schema uses {keyword!r} (at {where}), which xgrammar does not enforce: the output "
+                "could break the schema, so it is refused"
+            )
         # Key order is kept: the grammar writes properties in the schema's order.
         return cls("json_schema", json.dumps(schema, ensure_ascii=False))
 
