@@ -131,19 +131,25 @@ class LineReader:
 
     Not aiohttp's readline: it gives up at 128 KiB with LineTooLong, an exception no ClientError."""
 
-    def __init__(self, stream: aiohttp.StreamReader, max_bytes: int | None = None):
+    def __init__(
+        self,
+        stream: aiohttp.StreamReader,
+        clock: Callable[[], float] = time.perf_counter,
+        max_bytes: int | None = None,
+    ):
         self._stream = stream
+        self._clock = clock  # when the bytes a read returns arrived (arrival_clock), else the read's time
         self._pending: list[bytes] = []  # the start of a line not yet ended, in pieces (no re-copying)
         self._pending_bytes = 0
         self.max_bytes = max_bytes or MAX_LINE_BYTES
-        self.arrived = 0.0  # perf_counter() when the read that completed the last lines returned
+        self.arrived = 0.0  # perf_counter() time the bytes that completed the last lines arrived
 
     async def next_lines(self) -> list[bytes] | None:
         """The lines that the next read completes (without their b"\\n"); None at the end of the body."""
         while True:
             data = await self._stream.readany()
             # The lines' time is their bytes' arrival, read before any splitting or parsing.
-            self.arrived = time.perf_counter()
+            self.arrived = self._clock()
             if not data:
                 tail = b"".join(self._pending)
                 self._pending, self._pending_bytes = [], 0
@@ -300,7 +306,8 @@ async def _exchange(
             body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
             raise ResponseError(f"HTTP {resp.status}: {error_message(body)}")
         if target.stream:
-            text_parts, usage = await _read_stream(LineReader(resp.content), record, sent)
+            lines = LineReader(resp.content, arrival_clock(resp))
+            text_parts, usage = await _read_stream(lines, record, sent)
         else:
             text_parts, usage = await _read_whole(resp, record, sent)
     record.e2e = time.perf_counter() - sent
@@ -335,6 +342,28 @@ async def _on_body_sent(session, context, params) -> None:
     stamp = context.trace_request_ctx
     if isinstance(stamp, SendStamp):
         stamp.sent = time.perf_counter()
+
+
+def arrival_clock(resp: aiohttp.ClientResponse) -> Callable[[], float]:
+    """When the response's connection last received bytes: its protocol's data_received, stamped as the
+    event loop hands them over, before the reading coroutine's turn comes (at 64 streams that turn came
+    0.5 ms later at the median: TTFT error +1.61 -> +1.06 ms against the accuracy stub). The stamp wraps
+    the connection's protocol object once; the connection is ours (the pool keeps it for our requests).
+    Without a connection (the answer already read) the clock is the time of reading."""
+    protocol = resp.connection.protocol if resp.connection is not None else None
+    if protocol is None:
+        return time.perf_counter
+    arrived = getattr(protocol, "llmopt_arrived", None)
+    if arrived is None:
+        arrived = protocol.llmopt_arrived = [time.perf_counter()]
+        received = protocol.data_received
+
+        def stamped(data: bytes) -> None:
+            arrived[0] = time.perf_counter()
+            received(data)
+
+        protocol.data_received = stamped
+    return lambda: arrived[0]
 
 
 def timed_session(timeout: aiohttp.ClientTimeout, connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:

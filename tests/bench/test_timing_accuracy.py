@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from llmopt.bench import client
@@ -109,3 +110,22 @@ def test_a_request_is_timed_from_when_it_went_out_not_from_the_call(stub):
     record = asyncio.run(busy_second_send())
     truth = stub_call(stub + "/stub/timings")[-1]
     assert record.success and truth["ttft"] - 0.0005 <= record.ttft < truth["ttft"] + 0.03
+
+
+def test_a_chunk_is_timed_when_the_loop_received_it_not_when_its_reader_woke(stub, monkeypatch):
+    """Between the event loop receiving a chunk and the reading coroutine's turn, other streams' work
+    runs (here 40 ms of it, once): the TTFT must not count it."""
+    readany = aiohttp.StreamReader.readany
+    delayed: list[bool] = []
+
+    async def late_readany(self) -> bytes:
+        data = await readany(self)
+        if data and not delayed:
+            delayed.append(True)
+            time.sleep(0.04)
+        return data
+
+    monkeypatch.setattr(aiohttp.StreamReader, "readany", late_readany)
+    records, truth = measure(stub, concurrency=1, requests=1)
+    assert delayed
+    assert truth[0]["ttft"] - 0.0005 <= records[0].ttft < truth[0]["ttft"] + 0.02
