@@ -17,7 +17,8 @@ An open loop is saturated when all three hold, a closed loop (concurrency, sessi
 queueing the first requests find free places and the later ones wait behind the others (a stub of N
 slots is flagged from concurrency 2N on, never at N or below). Multi-turn points are judged on their
 first turns only (later turns replay longer histories: their TTFT grows by design). A point with fewer
-than `min_requests` answered requests is not judged (never saturated)."""
+than `min_requests` answered requests is not judged (never saturated), nor is a closed loop of one in
+flight, which nothing can queue behind."""
 
 from __future__ import annotations
 
@@ -87,6 +88,13 @@ class Verdict:
 def is_open_loop(point: LoadPoint) -> bool:
     """Whether the point's requests arrive at times of their own (a request rate or a replay)."""
     return point.request_rate is not None or point.replay_speed is not None
+
+
+def one_at_a_time(point: LoadPoint) -> bool:
+    """A closed loop of one request (or session) in flight: nothing can queue behind it, so a TTFT that
+    rises there is other work on the machine, not saturation (such a point was flagged beside a CPU-heavy
+    process), and it is not judged."""
+    return not is_open_loop(point) and point.session_rate is None and 1 in (point.concurrency, point.sessions)
 
 
 def sent_of(point: LoadPoint, records: list[RequestRecord], times: list[float] | None) -> list[Sent]:
@@ -169,6 +177,8 @@ def judge(s: Signals, rule: SaturationRule = DEFAULT_RULE) -> Verdict:
 def run_verdict(point: LoadPoint, result: PointResult, rule: SaturationRule = DEFAULT_RULE) -> Verdict:
     """One run of a point judged from its records; a run stopped by --stop-on-saturation is saturated
     with the reason its online check gave (stopped early, its records alone may no longer show it)."""
+    if one_at_a_time(point):
+        return Verdict(False, None, Signals(False, False))
     times = arrival_schedule(point)
     verdict = judge(measure(sent_of(point, result.records, times), times is not None, rule), rule)
     if result.saturation is not None and not verdict.saturated:

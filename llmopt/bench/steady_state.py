@@ -8,8 +8,8 @@ of the point, when the run has at least STEADY_MIN_REQUESTS successful requests:
 - throughputs are over the requests that finished in the middle of the run's finish window (its first and
   last 10 % left out), as a rate from the first of those finishes to the last: counted by finish, not by
   send, so that a point whose queue grows gets the rate the server completed, not the one it was asked.
-A smaller run counts whole, over its wall time. Request counts, token totals, goodput and SLO attainment
-always count every request."""
+A smaller run counts whole, over its wall time, and so does one whose middle holds no send. Request
+counts, token totals, goodput and SLO attainment always count every request."""
 
 from __future__ import annotations
 
@@ -66,13 +66,16 @@ def run_steady_state(records: list[RequestRecord], wall_s: float) -> SteadyState
     whole = SteadyState(ok, ok, wall_s, len(ok), False)
     if len(ok) < STEADY_MIN_REQUESTS:
         return whole
-    finishing = middle(ok, end)
+    finishing, latency = middle(ok, end), middle(ok, lambda r: r.start)
+    # Sends or finishes in two waves at the window's edges (24 requests at 16 in flight) leave no middle.
+    if not finishing or not latency:
+        return whole
     first, last = min(map(end, finishing)), max(map(end, finishing))
     if last <= first:
         return whole
     # Those at the first finish open the span: counting them too would count one more than its length holds.
     counted = [r for r in finishing if end(r) > first]
-    return SteadyState(middle(ok, lambda r: r.start), counted, last - first, len(ok), True)
+    return SteadyState(latency, counted, last - first, len(ok), True)
 
 
 def steady_state(runs: list[tuple[list[RequestRecord], float]]) -> SteadyState:

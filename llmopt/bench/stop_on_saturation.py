@@ -13,7 +13,15 @@ import time
 from collections.abc import AsyncIterator
 
 from llmopt.bench.load_point import Collector, LoadPoint
-from llmopt.bench.saturation import DEFAULT_RULE, Sent, arrival_schedule, judge, measure, sent_of
+from llmopt.bench.saturation import (
+    DEFAULT_RULE,
+    Sent,
+    arrival_schedule,
+    judge,
+    measure,
+    one_at_a_time,
+    sent_of,
+)
 
 WATCH_INTERVAL_S = 1.0
 STOP_REASON = "saturated (--stop-on-saturation)"
@@ -34,6 +42,8 @@ def sent_so_far(point: LoadPoint, collect: Collector, times: list[float] | None,
 
 async def watch(point: LoadPoint, collect: Collector, t0: float) -> None:
     """Until the point stops: check it every WATCH_INTERVAL_S; once saturated, stop it saying why."""
+    if one_at_a_time(point):
+        return
     times = arrival_schedule(point)
     while not collect.stop:
         await asyncio.sleep(WATCH_INTERVAL_S)

@@ -93,6 +93,16 @@ def test_a_closed_loop_past_the_servers_places_is_saturated_and_within_them_is_n
         assert found.signals.in_flight_late is None  # a closed loop's backlog is its concurrency
 
 
+def test_one_in_flight_is_not_judged_whatever_its_ttft_does():
+    """A closed loop of one request at a time queues behind nothing: a TTFT rising there (other work on
+    the machine slowing the server) is no saturation."""
+    records = [record(i, i * 1.0, 0.2 if i < 12 else 0.4) for i in range(40)]
+    assert verdict(LoadPoint(concurrency=2, num_requests=40), records).saturated  # the rule would say so
+    for point in (LoadPoint(concurrency=1, num_requests=40), LoadPoint(sessions=1, num_requests=40)):
+        found = verdict(point, records)
+        assert not found.saturated and not found.signals.judged
+
+
 def test_too_few_requests_are_not_judged():
     point = LoadPoint(request_rate=4.0, arrival="constant", num_requests=19)
     found = verdict(point, served(point.arrivals(19), 1, 0.5))

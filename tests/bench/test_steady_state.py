@@ -84,3 +84,13 @@ def test_runs_are_cut_each_on_its_own_clock_then_pooled():
     assert len(state.latency) == 2 * len(one.latency)  # the slow one, sent first, is left out
     assert all(r.ttft < 1 for r in state.latency)
     assert len(state.finished) / state.span_s == pytest.approx(2.0)
+
+
+def test_a_run_whose_middle_holds_no_send_counts_whole():
+    """24 requests at 16 in flight: the first 16 go at once, the other 8 as the first finish, late in the
+    send window; cutting its edges kept none, and every latency read '-'."""
+    records = [record(i, 0.0, 0.3, 2.0) for i in range(16)]
+    records += [record(16 + i, 2.0 + 0.001 * i, 0.3, 2.0) for i in range(8)]
+    steady = summarize(records, 4.0, steady=steady_state([(records, 4.0)]))
+    assert steady["ttft_ms"]["median"] == pytest.approx(300)
+    assert steady["steady_state"]["applied"] is False and steady["steady_state"]["kept"] == 24
