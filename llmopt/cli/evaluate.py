@@ -20,7 +20,7 @@ def evaluate(
     windows: Annotated[int, typer.Option(help="how many windows to score")] = 8,
     backend: Annotated[str, typer.Option(help="engine (our forward) or transformers")] = "engine",
     dtype: Annotated[str, typer.Option(help="engine: " + DTYPE_HELP)] = "auto",
-    lm_head_dtype: Annotated[str, typer.Option(help="engine: auto, float32 or int8 (per row)")] = "auto",
+    lm_head_dtype: Annotated[str, typer.Option(help="engine: auto, float32 or int8")] = "auto",
     reference: Annotated[
         str | None,
         typer.Option(

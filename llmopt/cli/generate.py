@@ -21,7 +21,7 @@ def generate(
     seed: int | None = None,
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = False,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
-    lm_head_dtype: Annotated[str, typer.Option(help="auto, float32 or int8 (per row)")] = "auto",
+    lm_head_dtype: Annotated[str, typer.Option(help="auto, float32 or int8 (a scale per 32)")] = "auto",
     speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
 ) -> None:
     """Generate a completion in-process and print it with its speed."""

@@ -15,7 +15,7 @@ from llmopt.engine.config import KV_CACHE_DTYPES
 from llmopt.engines.options import API, API_KEY_ENV, ENGINE, LISTENER, ServeOptions
 
 SHARING_HELP = "a request waits for prefix blocks another is computing instead of computing them too"
-LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized per row at load"
+LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized at load, a scale per 32 inputs"
 PARALLEL_HELP = "--engine vllm only, passed through"
 D = ServeOptions  # each flag's default is the option's: D.port is 8000
 

@@ -96,9 +96,9 @@ def startup_line(
     quantized = weights_summary(model)
     weights = quantized or compute
     head = model.lm_head_t
-    head_text = (
-        f"int8 per row ({head.kernel} kernel)" if isinstance(head, QuantizedLinear) else f"{compute} (dense)"
-    )
+    head_text = f"{compute} (dense)"
+    if isinstance(head, QuantizedLinear):
+        head_text = f"int8 g{head.group_size} ({head.kernel} kernel)"
     kv = str(kv_dtype).removeprefix("torch.")
     isa = kernels.vector_isa() if use_kernels else "PyTorch ops (no compiled kernels)"
     return (

@@ -86,7 +86,7 @@ def test_the_default_model_runs_its_q4_1_blocks_and_says_so(model_dir):
         line.startswith("--dtype auto: weights 4-bit g32 (")
         and "[the GGUF file's own quantized blocks]" in line
     )
-    assert "lm_head int8 per row" in line and "KV cache float32" in line
+    assert "lm_head int8 g32 (w8a8 kernel)" in line and "KV cache float32" in line
     fp32 = ModelRunner(EngineConfig(dtype="float32", num_kv_blocks=4), model_dir, max_model_len=64)
     assert fp32.startup_line.startswith(
         "--dtype float32: weights float32 [asked for]; lm_head float32 (dense)"

@@ -1,4 +1,5 @@
-"""The int8 output layer: per-row symmetric quantization, run by a quantized kernel, chosen by
+"""The int8 output layer: symmetric quantization with a scale per 32 inputs (a GGUF's Q8_0 blocks given
+back exactly), run by a quantized kernel, chosen by
 EngineConfig's lm_head_dtype (the perplexity it costs is measured on the real model:
 benchmarks/quantization.py)."""
 
@@ -9,18 +10,32 @@ import torch
 
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers.linear import matmul
-from llmopt.engine.layers.lm_head import output_layer, quantize_rows_int8
+from llmopt.engine.layers.lm_head import HEAD_GROUP, output_layer, quantize_head_int8
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 
 
-def test_rows_quantize_to_int8_within_half_a_step():
+def test_groups_quantize_to_int8_within_half_a_step():
     weight = torch.randn(256, 64) * torch.logspace(-2, 1, 256)[:, None]  # rows of very different ranges
     weight[5] = 0  # an all-zero row must not divide by zero
-    quantized = quantize_rows_int8(weight)
-    assert quantized.bits == 8 and quantized.group_size == 64 and (quantized.zero == 128).all()
-    step = weight.abs().amax(dim=1, keepdim=True) / 127
+    weight[7, :32] *= 100  # one group of a row far larger than its other
+    quantized = quantize_head_int8(weight)
+    assert quantized.bits == 8 and quantized.group_size == HEAD_GROUP and (quantized.zero == 128).all()
+    step = weight.view(256, 2, 32).abs().amax(dim=2).repeat_interleave(32, dim=1) / 127
     assert ((quantized.dequantize() - weight).abs() <= step / 2 + 1e-7).all()
     assert quantized.dequantize()[5].eq(0).all()
+    assert quantize_head_int8(torch.randn(8, 48)).group_size == 48  # not a multiple of 32: a scale a row
+
+
+def test_a_q8_0_head_is_given_back_exactly():
+    """The bundled GGUF stores its tied head as Q8_0 (blocks of 32, an fp16 scale each): requantized at
+    32, its dequantized values come back unchanged, so the int8 head runs the file's own numbers."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    weight = (torch.randn(64, 576) * torch.logspace(-2, 0, 64)[:, None]).numpy()
+    kind = GGMLQuantizationType.Q8_0
+    q8_0 = torch.from_numpy(dequantize(quantize(weight, kind), kind))
+    assert torch.equal(quantize_head_int8(q8_0.float()).dequantize(), q8_0.float())
 
 
 def test_an_int8_head_runs_quantized_and_gives_the_same_logits():
