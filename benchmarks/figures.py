@@ -81,6 +81,7 @@ class Result:
     load_start: float | None
     load_end: float | None
     tables: list[StoredTable]
+    load_matters: bool = True  # False for a result that is no timing (a KL divergence): never "busy"
 
     @classmethod
     def read(cls, path: Path) -> Result:
@@ -99,11 +100,12 @@ class Result:
             load_start=load.get("start"),
             load_end=load.get("end"),
             tables=[StoredTable.from_json(table) for table in data.get("tables", [])],
+            load_matters=data.get("load_matters", True),
         )
 
     @property
     def busy(self) -> bool:
-        return self.load_start is not None and self.load_start >= BUSY_LOAD
+        return self.load_matters and self.load_start is not None and self.load_start >= BUSY_LOAD
 
 
 def read_results(results_dir: Path) -> list[Result]:
@@ -196,6 +198,9 @@ class HeadlineError(ValueError):
     """A headline that asks a stored table for a column or table it does not have."""
 
 
+ALL_PICKED = "*"
+
+
 def every_row(row: Row) -> bool:
     return True
 
@@ -216,6 +221,7 @@ class Headline:
     where: Callable[[Row], bool] = every_row
     # None: a headline row for every picked row. A column: one for each distinct cell of it, whose
     # readers see all the picked rows that share that cell (a server's requests at every concurrency).
+    # ALL_PICKED: one headline row whose readers see every picked row (a figure beside its peer's).
     one_row_per: str | None = None
     table: int = 0  # which of the JSON's tables, in the order the benchmark printed them
 
@@ -265,6 +271,11 @@ def ratio_in(column: str, peer: str) -> RowsReader:
         return " / ".join(f"{match.group(1)} vs {peer}" if match else "-" for match in found)
 
     return read
+
+
+def quotient(column: str, of: str) -> RowsReader:
+    """The first picked row's cell of `column` over the second's, named: "1.03x llama.cpp's"."""
+    return lambda rows: f"{float(rows[0][column]) / float(rows[1][column]):.2f}x {of}"
 
 
 def quantized_weights(row: Row) -> bool:
@@ -321,6 +332,21 @@ HEADLINES = [
         ratio=ratio_in("batch-16 tok/s", peer="fp32"),
     ),
     Headline(
+        figure="mean KL divergence of the bundled Q4_1 from fp32 on the same text, llmopt / llama.cpp",
+        result="kld_llamacpp",
+        where=lambda row: row["pair (model vs reference)"].startswith(("(a)", "(b)")),
+        one_row_per=ALL_PICKED,
+        value=cell("mean KLD"),
+        ratio=quotient("mean KLD", of="llama.cpp's"),
+    ),
+    Headline(
+        figure="bench client req/s, one process, concurrency {concurrency}",
+        result="bench_overhead",
+        where=matching({"concurrency": "32"}),
+        value=cell("bench req/s"),
+        ratio=lambda rows: f"{rows[0]['bench / bare']} of bare aiohttp",
+    ),
+    Headline(
         figure="median TTFT error at {concurrency} streams, ms (vs the stub's send times), {client}",
         result="bench_accuracy",
         where=matching({"concurrency": "64"}),
@@ -333,6 +359,8 @@ def grouped(rows: list[Row], column: str | None) -> list[list[Row]]:
     """The rows a headline row each stands for, in table order."""
     if column is None:
         return [[row] for row in rows]
+    if column == ALL_PICKED:
+        return [rows]
     groups: dict[str, list[Row]] = {}
     for row in rows:
         groups.setdefault(row[column], []).append(row)

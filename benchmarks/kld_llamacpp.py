@@ -253,7 +253,8 @@ def main() -> None:
         }
         for key, (label, model, ref) in PAIRS.items()
     }
-    out = {"args": vars(args), **runs, "pairs": pairs, "mean_ratio_a_over_b": ratio}
+    # Distributions, not timings: another process on the machine changes none of them.
+    out = {"args": vars(args), **runs, "pairs": pairs, "mean_ratio_a_over_b": ratio, "load_matters": False}
     name = "kld_llamacpp" + ("_quick" if args.positions < DEFAULT_POSITIONS else "")
     path = write_result(name, {**out, **load.finish(console)}, [kld_table])
     console.print(f"wrote {path}")

@@ -58,6 +58,7 @@ def write_fake(
     load_start: float = 0.05,
     cpu: str = "Test CPU",
     flags: tuple[str, ...] = ("avx2", "fma"),
+    extra: dict | None = None,
 ) -> None:
     """A results/<name>.json laid out as results.write_result writes it."""
     provenance = {
@@ -70,6 +71,7 @@ def write_fake(
         "provenance": provenance,
         "tables": [results.table_data(table) for table in tables],
         "load_average_1min": {"start": load_start, "end": 1.25},
+        **(extra or {}),
     }
     results_dir.mkdir(exist_ok=True)
     (results_dir / f"{name}.json").write_text(json.dumps(data))
@@ -175,6 +177,23 @@ def test_headline_rows_per_server_and_ratios_inside_cells(tmp_path: Path) -> Non
         ["| quantized decode batch-1 tok/s, gptq (int4 blocks)", "74.0", "1.85x vs fp32"],
         ["| quantized decode batch-16 tok/s, gptq (int4 blocks)", "420.0", "1.40x vs fp32"],
     ]
+
+
+def test_a_divergence_is_never_busy_and_stands_beside_its_peer(tmp_path: Path) -> None:
+    """KL divergences are no timings: a loaded machine does not make them "not a result"; llmopt's and
+    llama.cpp's make one headline row with their quotient."""
+    kld = table_of(
+        "KL(P_ref || P_model)",
+        ["pair (model vs reference)", "mean KLD", "top-1 agree"],
+        ["(a) llmopt Q4_1 vs llmopt fp32", "0.004000", "95.00%"],
+        ["(b) llama.cpp Q4_1 vs llama.cpp F32", "0.002000", "96.00%"],
+        ["(c) llmopt fp32 vs llama.cpp F32", "0.000001", "100.00%"],
+    )
+    write_fake(tmp_path, "kld_llamacpp", [kld], load_start=1.5, extra={"load_matters": False})
+    [result] = figures.read_results(tmp_path)
+    assert not result.busy
+    lines = figures.render_headline([result]).splitlines()
+    assert [line.split(" | ")[1:3] for line in lines[2:]] == [["0.004000 / 0.002000", "2.00x llama.cpp's"]]
 
 
 def test_headline_that_outgrew_its_table_names_itself(tmp_path: Path) -> None:
