@@ -332,6 +332,15 @@ HEADLINES = [
         ratio=ratio_in("batch-16 tok/s", peer="fp32"),
     ),
     Headline(
+        figure="decode ITL at one request, served, {model}",
+        result="serving_path",
+        where=matching({"model": "gguf q4_1 (--dtype auto)"}),
+        value=cell("served ITL"),
+        ratio=lambda rows: (
+            f"{rows[0]['ITL vs llama.cpp']} vs llama.cpp, {rows[0]['served / in-process']} in-process"
+        ),
+    ),
+    Headline(
         figure="mean KL divergence of the bundled Q4_1 from fp32 on the same text, llmopt / llama.cpp",
         result="kld_llamacpp",
         where=lambda row: row["pair (model vs reference)"].startswith(("(a)", "(b)")),

