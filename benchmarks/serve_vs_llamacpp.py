@@ -36,7 +36,7 @@ from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
-from llmopt.cli.bench import run_bench
+from llmopt.cli.bench_run import run_bench
 from results import RESULTS, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
