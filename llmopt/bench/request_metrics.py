@@ -85,15 +85,17 @@ def structured_counts(records: list[RequestRecord]) -> dict[str, int | None]:
     return {f"structured_{outcome}": asked.count(outcome) if asked else None for outcome in OUTCOMES}
 
 
-def throughputs(records: list[RequestRecord], span_s: float) -> dict[str, float]:
-    """Requests and tokens per second of `records` (successful ones) over `span_s`."""
+def throughputs(delivered: list[tuple[RequestRecord, float]], span_s: float) -> dict[str, float]:
+    """Requests and tokens per second over `span_s` of successful requests, each counted by its share
+    (steady_state.py: the part of its output delivered in the span; 1.0 for a whole run)."""
     if span_s <= 0:
         return {"request_throughput": 0.0, "output_throughput": 0.0, "total_token_throughput": 0.0}
-    tokens = TokenSums.of(records)
+    output = sum(share * r.output_tokens for r, share in delivered)
+    prompt = sum(share * r.prompt_tokens for r, share in delivered)
     return {
-        "request_throughput": len(records) / span_s,
-        "output_throughput": tokens.output_tokens / span_s,
-        "total_token_throughput": (tokens.output_tokens + tokens.prompt_tokens) / span_s,
+        "request_throughput": sum(share for _, share in delivered) / span_s,
+        "output_throughput": output / span_s,
+        "total_token_throughput": (output + prompt) / span_s,
     }
 
 
@@ -117,7 +119,9 @@ def summarize(
     """A point's figures. With `steady` (steady_state.py), latency distributions and throughputs are
     over its steady state and the summary says so; counts, token totals and goodput over every request."""
     ok = [r for r in records if r.success]
-    latency, finished, span = (steady.latency, steady.finished, steady.span_s) if steady else (ok, ok, wall_s)
+    latency, delivered, span = (ok, [(r, 1.0) for r in ok], wall_s)
+    if steady is not None:
+        latency, delivered, span = steady.latency, steady.delivered, steady.span_s
     tokens = TokenSums.of(ok)
     summary = {
         "requests": len(records),
@@ -127,7 +131,7 @@ def summarize(
         "reconnects": sum(r.reconnects for r in records),
         **structured_counts(ok),
         "duration_s": wall_s,
-        **throughputs(finished, span),
+        **throughputs(delivered, span),
         "prompt_tokens": tokens.prompt_tokens,
         "output_tokens": tokens.output_tokens,
         "cached_tokens": tokens.cached_tokens,

@@ -1,7 +1,11 @@
 """A point's steady state: latencies over the requests sent in the middle of its send window, throughput
-over those finished in the middle of its finish window, counts over every request, small points whole."""
+over the output that arrived in the middle of its arrival window, counts over every request, small points
+whole."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +55,19 @@ def test_throughput_is_the_rate_of_finishes_without_the_drains_tail():
     assert steady["total_token_throughput"] == pytest.approx(28.0)
 
 
+def test_a_closed_loop_finishing_in_waves_gets_the_rate_it_was_delivered():
+    """One real round (data/closed_loop_16_streams.jsonl: llmopt serve, 32 requests of 128 tokens at 16
+    in flight) finishes in waves: the rate between the first and last finish of its finish window's
+    middle read 168,522 tok/s, where its wall-time rate is 403 and its 16 streams' ITL allow at most ~575."""
+    lines = (Path(__file__).parent / "data" / "closed_loop_16_streams.jsonl").read_text().splitlines()
+    records = [RequestRecord(**json.loads(line)) for line in lines]
+    wall = max(r.start + r.e2e for r in records)
+    whole = summarize(records, wall)["output_throughput"]
+    steady = summarize(records, wall, steady=steady_state([(records, wall)]))
+    assert 400 < whole < steady["output_throughput"] < 575
+    assert steady["steady_state"]["applied"]
+
+
 def test_counts_and_token_totals_keep_every_request():
     records = warm_and_drain() + [RequestRecord(index=40, error="HTTP 500: boom", status=500)]
     steady = summarize(records, 40.0, {"ttft": 0.5}, steady=steady_state([(records, 40.0)]))
@@ -83,7 +100,7 @@ def test_runs_are_cut_each_on_its_own_clock_then_pooled():
     assert state.applied and state.of == 61
     assert len(state.latency) == 2 * len(one.latency)  # the slow one, sent first, is left out
     assert all(r.ttft < 1 for r in state.latency)
-    assert len(state.finished) / state.span_s == pytest.approx(2.0)
+    assert sum(share for _, share in state.delivered) / state.span_s == pytest.approx(2.0)
 
 
 def test_a_run_whose_middle_holds_no_send_counts_whole():
