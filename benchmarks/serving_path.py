@@ -98,10 +98,7 @@ def in_process_steps(decoder: Decoder, prompts: list[list[int]], output_len: int
     from llmopt.engine.llm import LLM  # the engine only here, in the child: the bench speaks HTTP
     from llmopt.engine.sampling_params import SamplingParams
 
-    engine = LLM(decoder.model, dtype=decoder.dtype).engine
-    # As `llmopt serve` does before it accepts a request: without it the fp32 steps of the next three
-    # 128-token prompts took 22-23 ms against 17 ms after it (a warm-up prompt alone did not do it).
-    engine.warm_up()
+    engine = LLM(decoder.model, dtype=decoder.dtype).engine  # warmed up, as the server's engine is
     params = SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
     steps, cpu = [], []
     for i, prompt in enumerate(prompts):

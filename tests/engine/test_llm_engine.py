@@ -115,11 +115,15 @@ def test_prefix_cache_hits_are_reported_and_exact(llm, hf_greedy):
     assert_all_blocks_free(llm.engine)
 
 
-def test_warm_up_leaves_nothing_behind(model_dir, llm, hf_greedy):
-    """The start-up forward writes blocks 0.. but caches nothing: a prompt of its own tokens finds no
-    prefix hit and decodes as transformers does. An engine whose cache holds prefixes refuses it."""
+def test_warm_up_leaves_nothing_behind(model_dir, llm, hf_greedy, monkeypatch):
+    """`LLM()` warms its engine up, as the server does; the start-up forward writes blocks 0.. but caches
+    nothing: a prompt of its own tokens finds no prefix hit and decodes as transformers does. An engine
+    whose cache holds prefixes refuses it."""
+    warm_ups = []
+    real_warm_up = LLMEngine.warm_up
+    monkeypatch.setattr(LLMEngine, "warm_up", lambda engine: warm_ups.append(real_warm_up(engine)))
     fresh = LLM(str(model_dir), num_kv_blocks=64)
-    fresh.engine.warm_up()
+    assert len(warm_ups) == 1
     assert_all_blocks_free(fresh.engine)
     prompt = [0] * 40  # the warm-up's tokens
     [out] = fresh.generate([prompt], greedy(8))
