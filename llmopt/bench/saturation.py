@@ -13,7 +13,12 @@ each was sent), each with its TTFT counted from then (so that a wait for a --max
   span, at least `in_flight_growth` times their average over the first quarter plus `in_flight_rise`), and
   the achieved rate short (completions per second, from the first to the last, below `rate_share` of the
   arrivals' own rate).
-An open loop is saturated when all three hold, a closed loop (concurrency, sessions) when TTFT rises: with
+- closed loops (concurrency, sessions) only: the TTFT rise is at least `queue_share` of a request's time
+  in service (the first quarter's lower tenth of send to end), since a request queued for a place waits
+  for another's end, while one batched behind others' prefills waits a step or two. At 4 streams on
+  `llmopt serve`'s 16 places the requests ran in waves of four 1.4 s requests, the first prefilled
+  in each wave answered at 90-180 ms and the others at 330-360 ms: TTFT alone flagged that point.
+An open loop is saturated when all three of its signals hold, a closed loop when both of its hold: with
 queueing the first requests find free places and the later ones wait behind the others (a stub of N
 slots is flagged from concurrency 2N on, never at N or below). Multi-turn points are judged on their
 first turns only (later turns replay longer histories: their TTFT grows by design). A point with fewer
@@ -46,6 +51,7 @@ class SaturationRule:
     in_flight_growth: float = 2.0
     in_flight_rise: float = 4.0
     rate_share: float = 0.9
+    queue_share: float = 0.5
 
 
 DEFAULT_RULE = SaturationRule()
@@ -69,6 +75,7 @@ class Signals:
     ttft_early_s: float | None = None  # the first quarter's lower tenth
     ttft_late_s: float | None = None  # the last quarter's median
     ttft_slope: float | None = None  # seconds of TTFT per second of the point
+    service_s: float | None = None  # a closed loop's early lower tenth of send to end
     in_flight_early: float | None = None
     in_flight_late: float | None = None
     offered_rate: float | None = None  # arrivals per second, as the point's arrivals came
@@ -127,6 +134,9 @@ def measure(sent: list[Sent], open_loop: bool, rule: SaturationRule = DEFAULT_RU
     if open_loop:
         signals.in_flight_early, signals.in_flight_late = backlog(sent, rule.part)
         signals.offered_rate, signals.achieved_rate = rates(sent)
+    else:
+        ends = [s.end - s.due for s in answered[:k] if s.end is not None]
+        signals.service_s = float(np.percentile(ends, 10)) if ends else None
     return signals
 
 
@@ -171,6 +181,11 @@ def judge(s: Signals, rule: SaturationRule = DEFAULT_RULE) -> Verdict:
         if ttft:
             held.append(f"{s.in_flight_early:.1f} -> {s.in_flight_late:.1f} requests in flight")
             held.append(f"{achieved:.2f} of {offered:.2f} req/s completed ({achieved / offered:.0%})")
+    else:
+        queued = s.service_s is not None and late - early >= rule.queue_share * s.service_s
+        ttft = ttft and queued
+        if ttft:
+            held.append(f"a wait of {(late - early) / s.service_s:.0%} of a request's {s.service_s:.2f} s")
     return Verdict(ttft, "; ".join(held) if ttft else None, s)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import json
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +93,23 @@ def test_a_closed_loop_past_the_servers_places_is_saturated_and_within_them_is_n
         found = verdict(point, closed_loop(48, concurrency, slots=2, service_s=0.5))
         assert found.saturated is expected, concurrency
         assert found.signals.in_flight_late is None  # a closed loop's backlog is its concurrency
+    # The first quarter's p10 of send to end: 0.5 s of service, and a tenth of the way to a request that
+    # waited one place (1.0 s) since two of the twelve found a free place.
+    assert found.signals.service_s == pytest.approx(0.55)
+    assert found.reason.endswith("a wait of 264% of a request's 0.55 s")
+
+
+def test_a_closed_loop_in_waves_within_the_servers_places_is_not_saturated():
+    """One real round (data/closed_loop_4_streams_waves.jsonl: `llmopt serve`, 16 places, 32 requests of
+    128 tokens at 4 streams): the requests ran in waves of four, the first prefilled in each wave
+    answered at ~90 ms and the others at ~335 ms, a rise of a step or two, not of a request's 1.4 s in
+    service. TTFT alone flagged it."""
+    lines = (Path(__file__).parent / "data" / "closed_loop_4_streams_waves.jsonl").read_text().splitlines()
+    records = [RequestRecord(**json.loads(line), success=True) for line in lines]
+    found = verdict(LoadPoint(concurrency=4, num_requests=32), records)
+    assert found.signals.ttft_late_s > 1.5 * found.signals.ttft_early_s  # the TTFT signal holds
+    assert found.signals.service_s == pytest.approx(1.36, abs=0.01)
+    assert not found.saturated
 
 
 def test_one_in_flight_is_not_judged_whatever_its_ttft_does():
