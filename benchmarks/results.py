@@ -29,6 +29,9 @@ def cpu() -> dict:
     return {"model": model, "vector_flags": [f for f in VECTOR_FLAGS if f in flags], "cores": os.cpu_count()}
 
 
+UNMEASURED = (":!results", ":!docs", ":!README.md")
+
+
 def provenance() -> dict:
     def git(*args: str) -> str:
         run = subprocess.run(["git", *args], capture_output=True, text=True, cwd=RESULTS.parent)
@@ -37,7 +40,12 @@ def provenance() -> dict:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "commit": git("rev-parse", "--short", "HEAD")
-        + (" (with uncommitted changes)" if git("status", "--porcelain", "-uno") else ""),
+        # The earlier figures a rerun replaces (results/, docs/) are not changes to what is measured.
+        + (
+            " (with uncommitted changes)"
+            if git("status", "--porcelain", "-uno", "--", ".", *UNMEASURED)
+            else ""
+        ),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu(),
     }
