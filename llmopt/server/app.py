@@ -1,18 +1,19 @@
 """The OpenAI-compatible HTTP API over the engine, wired together: the engine steps on its own thread
-(EngineThread) for the app's lifetime, /v1 sits behind the API key, errors answer in OpenAI's shape,
-and the routes (routes.py) do the rest."""
+(EngineThread) for the app's lifetime, every route but the probes' sits behind the API key (auth.py),
+every error answers in OpenAI's shape (Anthropic's on its route: errors.py), each request is logged once
+(access_log.py), and the routes (routes.py) do the rest."""
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 
 from llmopt.engine.engine_thread import EngineThread
-from llmopt.server.errors import APIError, api_error_handler, request_validation_error_handler
+from llmopt.server.access_log import AccessLog
+from llmopt.server.auth import APIKeyCheck
+from llmopt.server.errors import APIError, install_error_handlers
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.routes import build_router
 from llmopt.server.settings import ServerSettings
@@ -34,10 +35,11 @@ def create_app(engine_thread: EngineThread, settings: ServerSettings) -> FastAPI
 
     app = FastAPI(title="llmopt", lifespan=lifespan)
     app.state.engine_thread = engine_thread  # serve.py's signal handler ends running requests through it
-    app.add_exception_handler(APIError, api_error_handler)
-    app.add_exception_handler(RequestValidationError, request_validation_error_handler)
+    install_error_handlers(app)
+    # Added last, so outermost: the access log sees a 413 or a 401 too.
     app.add_middleware(APIKeyCheck, api_key=settings.api_key)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(AccessLog, enabled=not settings.disable_log_requests)
     app.include_router(build_router(engine, engine_thread, metrics, settings))
     return app
 
@@ -81,25 +83,4 @@ class BodyLimit:
     async def too_large(self, scope, receive, send) -> None:
         message = f"the request body is larger than {self.max_bytes} bytes"
         error = APIError(413, message, code="body_too_large")
-        await error.response()(scope, receive, send)
-
-
-class APIKeyCheck:
-    """ASGI middleware asking /v1 requests for the key; /health and /metrics stay open for probes and
-    scrapers. Plain ASGI, not Starlette's BaseHTTPMiddleware: that one hands every chunk of a stream
-    through a memory stream and a task of its own, event-loop work per token at every concurrency."""
-
-    def __init__(self, app, api_key: str | None):
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode() if api_key else None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if self.expected is None or scope["type"] != "http" or not scope["path"].startswith("/v1"):
-            return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):  # constant time: no timing leak
-            error = APIError(
-                401, "invalid or missing API key", "authentication_error", code="invalid_api_key"
-            )
-            return await error.response()(scope, receive, send)
-        return await self.app(scope, receive, send)
+        await error.response(scope["path"])(scope, receive, send)
