@@ -42,6 +42,18 @@ UNSUPPORTED_FIELDS: dict[str, tuple] = {
 }
 
 
+def checked_stop_strings(strings: list[str] | None) -> list[str] | None:
+    """Stop strings within the bounds above (a field validator's ValueError otherwise)."""
+    if len(strings or []) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop strings")
+    for s in strings or []:
+        if not s:
+            raise ValueError("stop strings must not be empty")
+        if len(s) > MAX_STOP_LENGTH:
+            raise ValueError(f"stop strings may be at most {MAX_STOP_LENGTH} characters")
+    return strings
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -102,14 +114,7 @@ class SamplingRequest(BaseModel):
     @field_validator("stop")
     @classmethod
     def _stop_strings_are_searchable(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        strings = [stop] if isinstance(stop, str) else stop or []
-        if len(strings) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop strings")
-        for s in strings:
-            if not s:
-                raise ValueError("stop strings must not be empty")
-            if len(s) > MAX_STOP_LENGTH:
-                raise ValueError(f"stop strings may be at most {MAX_STOP_LENGTH} characters")
+        checked_stop_strings([stop] if isinstance(stop, str) else stop)
         return stop
 
     def stop_list(self) -> list[str]:

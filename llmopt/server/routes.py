@@ -1,5 +1,7 @@
-"""The HTTP routes: /health and /metrics (open), /v1/models, /v1/completions and /v1/chat/completions.
-Each generation route validates, builds the prompt tokens, admits the request and responds."""
+"""The HTTP routes: /health and /metrics (open), /v1/models, /v1/completions and /v1/chat/completions,
+the tokenizer routes, the admin route (/reset_prefix_cache, unless turned off), and the Responses and
+Messages APIs (responses_api.py, messages_api.py), which translate into chat's path (`start_chat`). Each
+generation route validates, builds the prompt tokens, admits the request and responds."""
 
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.admission import Admission
-from llmopt.server.errors import APIError
+from llmopt.server.chat_call import ChatCall, StartedChat
+from llmopt.server.errors import APIError, renamed
 from llmopt.server.logprobs import LogprobsWriter, TokenTexts
+from llmopt.server.messages_api import MessagesAPI
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -29,9 +33,12 @@ from llmopt.server.protocol import (
     SamplingRequest,
     TokenizeRequest,
 )
+from llmopt.server.response_store import ResponseStore
 from llmopt.server.responses import CHAT_COMPLETION, TEXT_COMPLETION, respond
+from llmopt.server.responses_api import ResponsesAPI
 from llmopt.server.settings import ServerSettings
 from llmopt.server.structured_outputs import compile_output, requested_and_compiled, requested_output
+from llmopt.server.tokenizer_info import tokenizer_info
 from llmopt.server.tools import ToolChoice, constrained_output, template_handles_tools, template_messages
 
 
@@ -45,15 +52,24 @@ def build_router(
         settings,
         Admission(engine, engine_thread, metrics, settings.max_queue_len),
     )
+    responses = ResponsesAPI(routes, ResponseStore())
+    messages = MessagesAPI(routes)
     router = APIRouter()
     router.add_api_route("/health", routes.health, methods=["GET"])
     router.add_api_route("/metrics", routes.prometheus_metrics, methods=["GET"])
     router.add_api_route("/v1/models", routes.models, methods=["GET"])
     router.add_api_route("/tokenize", routes.tokenize, methods=["POST"])
     router.add_api_route("/detokenize", routes.detokenize, methods=["POST"])
-    router.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
+    router.add_api_route("/tokenizer_info", routes.tokenizer_info, methods=["GET"])
+    if not settings.disable_admin_routes:
+        router.add_api_route("/reset_prefix_cache", routes.reset_prefix_cache, methods=["POST"])
     router.add_api_route("/v1/completions", routes.completions, methods=["POST"])
     router.add_api_route("/v1/chat/completions", routes.chat_completions, methods=["POST"])
+    router.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    router.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    router.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
+    router.add_api_route("/v1/messages", messages.create, methods=["POST"])
+    router.add_api_route("/v1/messages/count_tokens", messages.count_tokens, methods=["POST"])
     return router
 
 
@@ -91,6 +107,10 @@ class Routes:
             "max_model_len": self.engine.max_model_len,
         }
         return {"object": "list", "data": [model]}
+
+    async def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info (tokenizer_info.py)."""
+        return tokenizer_info(self.engine.tokenizer, self.engine.max_model_len)
 
     async def tokenize(self, req: TokenizeRequest) -> dict:
         """vLLM's shape: {"count", "max_model_len", "tokens"}."""
@@ -135,9 +155,24 @@ class Routes:
         )
 
     async def chat_completions(self, req: ChatCompletionRequest, request: Request) -> Response:
+        started = await self.start_chat(ChatCall(req))
+        logprobs = self.logprobs_writer(req, chat_echo(req))
+        model = self.settings.served_model_name
+        return await respond(req, started.group, CHAT_COMPLETION, model, request, started.parser, logprobs)
+
+    async def start_chat(self, call: ChatCall) -> StartedChat:
+        """The one path of every chat-shaped API into the engine: checked, templated, admitted. An
+        error names the field in the words of the API that translated the request (`call.names`)."""
+        try:
+            return await self._start_chat(call)
+        except APIError as exc:
+            raise renamed(exc, call.names) from None
+
+    async def _start_chat(self, call: ChatCall) -> StartedChat:
+        req = call.request
         self.check_common(req)
         tools = ToolChoice.of(req.tools, req.tool_choice, req.parallel_tool_calls)
-        requested = requested_output(req)
+        requested = call.requested or requested_output(req)
         structured_output = constrained_output(requested.output if requested else None, tools)
         if structured_output is not None:  # compiled off the event loop; errors name the field that asked
             param = requested.param if requested and requested.output == structured_output else "tools"
@@ -146,10 +181,7 @@ class Routes:
         max_tokens = req.max_completion_tokens or req.max_tokens
         group = self.admission.start(req, [prompt], max_tokens, structured_output)
         parser = tools.parser if tools is not None else None
-        logprobs = self.logprobs_writer(req, chat_echo(req))
-        return await respond(
-            req, group, CHAT_COMPLETION, self.settings.served_model_name, request, parser, logprobs
-        )
+        return StartedChat(group, parser, len(prompt))
 
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_pool, fn, *args)

@@ -57,6 +57,7 @@ REQUEST_TIMEOUT_S = 60  # a request without an answer by then counts as lost, as
 CHEAP_FIELDS: dict[str, tuple[int, int]] = {
     "max_tokens": (4, MAX_MODEL_LEN),
     "max_completion_tokens": (4, MAX_MODEL_LEN),
+    "max_output_tokens": (4, MAX_MODEL_LEN),  # the Responses API's
     "min_tokens": (4, MAX_MODEL_LEN),
     "n": (2, 16),
 }
