@@ -1,7 +1,8 @@
 """Async streaming client: one request, timed from the moment it is sent to its last byte.
 
-Speaks only HTTP (OpenAI's /v1/completions and /v1/chat/completions with `stream: true`), so it
-measures any compatible server: ours, vLLM, llama.cpp, a paid API. Whatever a server answers, `send`
+Speaks only HTTP (OpenAI's /v1/completions, /v1/chat/completions and /v1/responses, Anthropic's
+/v1/messages: wire.py names them), so it measures any compatible server: ours, vLLM, llama.cpp, a paid
+API. Whatever a server answers, `send`
 returns a record: a malformed, truncated or stalled response fails that one request, never the load point.
 """
 
@@ -16,9 +17,12 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 
 from llmopt.bench.auth import bearer_header
+from llmopt.bench.messages_wire import ANTHROPIC_VERSION, MessagesStream, messages_payload, messages_whole
 from llmopt.bench.redact import redact_text
+from llmopt.bench.responses_wire import responses_event, responses_payload, responses_whole
 from llmopt.bench.structured_answer import structured_outcome
 from llmopt.bench.token_count import TokenCounter, output_body, prompt_body
+from llmopt.bench.wire import API_PATHS, WireError, WireEvent
 
 # A stream line longer than this fails its request: a server that never ends a line must not fill the
 # client's memory. aiohttp's own readline stops at 128 KiB, which a long chunk of text can pass.
@@ -43,6 +47,10 @@ class BenchRequest:
     # OpenAI's `response_format` ({"type": "json_schema", "json_schema": {...}} or {"type": "json_object"}):
     # the answer is checked against it (structured_answer.py)
     response_format: dict | None = None
+    # The Responses API: the turn this one continues (its `messages` then hold only the new turn), and
+    # whether the server should keep this answer for a later turn to continue.
+    previous_response_id: str | None = None
+    store: bool = False
 
 
 @dataclass
@@ -57,6 +65,10 @@ class RequestRecord:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int | None = None
+    cache_write_tokens: int = 0  # prompt tokens the server says it wrote to its cache (Anthropic's usage)
+    # A later turn of a Responses API session: True when it named the previous answer
+    # (previous_response_id), False when it replayed the whole history (the server refused chaining).
+    chained: bool | None = None
     # Where the token counts are from (token_count.py): "usage" (the server's answer), "tokenize" (the
     # server's /tokenize, for counts the answer left out) or "local" (the local tokenizer, for any other)
     tokens_from: str = "usage"
@@ -73,10 +85,12 @@ class RequestRecord:
     structured: str | None = None
     # The answer's text: the next turn of a session sends it back. Not written to requests.jsonl.
     text: str | None = None
+    # The answer's id: the next turn of a chained (Responses API) session names it. Not written either.
+    response_id: str | None = None
 
     def to_json(self, **extra) -> str:
         values = asdict(self)
-        del values["text"]
+        del values["text"], values["response_id"]
         return json.dumps({**values, **extra})
 
 
@@ -84,7 +98,7 @@ class RequestRecord:
 class Target:
     endpoint: str  # base URL, e.g. http://127.0.0.1:8000/v1
     model: str
-    api: str = "chat"  # "chat" or "completions"
+    api: str = "chat"  # one of wire.APIS: chat, completions, responses or messages
     api_key: str | None = None
     ignore_eos: bool = True  # vLLM's extension; fixes output lengths where the server takes it
     timeout_s: float = 600.0  # a request fails once the server sends nothing for this long
@@ -94,13 +108,25 @@ class Target:
 
     @property
     def url(self) -> str:
-        path = "/chat/completions" if self.api == "chat" else "/completions"
-        return self.endpoint.rstrip("/") + path
+        return self.endpoint.rstrip("/") + API_PATHS[self.api]
 
     def headers(self) -> dict[str, str]:
-        return {"Content-Type": "application/json", **bearer_header(self.api_key)}
+        headers = {"Content-Type": "application/json", **bearer_header(self.api_key)}
+        if self.api == "messages":  # Anthropic's own API reads the key from x-api-key alone
+            headers["anthropic-version"] = ANTHROPIC_VERSION
+            if self.api_key:
+                headers["x-api-key"] = self.api_key
+        return headers
 
     def payload(self, req: BenchRequest) -> dict:
+        if self.api == "responses":
+            return responses_payload(self.model, req, self.stream, self.ignore_eos)
+        if self.api == "messages":
+            return messages_payload(self.model, req, self.stream, self.ignore_eos)
+        return self.chat_payload(req)
+
+    def chat_payload(self, req: BenchRequest) -> dict:
+        """The request as chat or completions send it (what /tokenize counts, whatever the API)."""
         body: dict = {
             "model": self.model,
             "max_tokens": req.max_tokens,
@@ -113,7 +139,7 @@ class Target:
             body["response_format"] = req.response_format
         elif self.ignore_eos:  # a structured answer ends where its grammar does, not at max_tokens
             body["ignore_eos"] = True
-        if self.api == "chat":
+        if self.api != "completions":
             body["messages"] = req.messages or [{"role": "user", "content": req.prompt or ""}]
             if req.tools:
                 body["tools"] = req.tools
@@ -122,7 +148,7 @@ class Target:
         return body
 
 
-class ResponseError(Exception):
+class ResponseError(WireError):
     """The response says the request failed, or is no OpenAI stream; the message is the record's error."""
 
 
@@ -259,7 +285,7 @@ async def send(
     record = RequestRecord(index=index, prompt_tokens=req.prompt_tokens)
     try:
         await _exchange(session, target, req, record, t0, count_tokens)
-    except ResponseError as exc:
+    except WireError as exc:
         record.error = str(exc)
     except TimeoutError as exc:
         record.error = f"timeout: nothing received for {target.timeout_s:g} s ({describe(exc)})"
@@ -305,18 +331,23 @@ async def _exchange(
         if resp.status != 200:
             body = (await resp.content.read(ERROR_BODY_BYTES)).decode(errors="replace")
             raise ResponseError(f"HTTP {resp.status}: {error_message(body)}")
-        if target.stream:
+        if target.stream and target.api in ("chat", "completions"):
             lines = LineReader(resp.content, arrival_clock(resp))
             text_parts, usage = await _read_stream(lines, record, sent)
-        else:
+        elif target.stream:
+            lines = LineReader(resp.content, arrival_clock(resp))
+            text_parts, usage = await _read_events(lines, record, sent, event_reader(target.api))
+        elif target.api in ("chat", "completions"):
             text_parts, usage = await _read_whole(resp, record, sent)
+        else:
+            text_parts, usage = await _read_whole_answer(resp, record, sent, target.api)
     record.e2e = time.perf_counter() - sent
     record.text = "".join(text_parts)
     if usage:
         apply_usage(record, usage)
     if record.ttft is None:
         raise ResponseError("no content received")
-    await fill_counts(session, payload, usage, record, count_tokens, len(text_parts))
+    await fill_counts(session, target.chat_payload(req), usage, record, count_tokens, len(text_parts))
     if req.response_format:
         record.structured = structured_outcome(req.response_format, record.text, record.finish_reason)
     record.success = True
@@ -482,6 +513,9 @@ def apply_usage(record: RequestRecord, usage: dict) -> None:
     record.cached_tokens = counts["cached_tokens"]
     if counts["completion_tokens"] is not None:  # else fill_counts counts it
         record.output_tokens = counts["completion_tokens"]
+    written = details.get("cache_write_tokens")
+    if isinstance(written, int) and not isinstance(written, bool):
+        record.cache_write_tokens = written
 
 
 def error_message(body: str) -> str:
@@ -490,3 +524,62 @@ def error_message(body: str) -> str:
         return error.get("message", str(error)) if isinstance(error, dict) else str(error or body)
     except (ValueError, AttributeError):
         return body[:200]
+
+
+def event_reader(api: str) -> Callable[[dict], WireEvent]:
+    """A reader of one streamed answer's events of `api` (responses or messages)."""
+    return responses_event if api == "responses" else MessagesStream().event
+
+
+async def _read_events(
+    lines: LineReader, record: RequestRecord, sent: float, read: Callable[[dict], WireEvent]
+) -> tuple[list[str], dict | None]:
+    """Read a Responses or Messages stream to its last event (`response.completed`, `message_stop`),
+    timing each event that adds text as chat's content chunks are timed; return the texts and the
+    usage. Both APIs' events carry their type in their data, so `event:` lines are skipped."""
+    text_parts: list[str] = []
+    usage = None
+    last = sent
+    while (batch := await lines.next_lines()) is not None:
+        for line in batch:
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                data = json.loads(line[5:])
+            except ValueError as exc:
+                raise ResponseError(f"malformed event: not JSON ({exc}): {line[:100]!r}") from None
+            if not isinstance(data, dict):
+                raise ResponseError(f"malformed event: not a JSON object: {line[:100]!r}")
+            event = read(data)
+            usage = event.usage or usage
+            record.finish_reason = event.finish_reason or record.finish_reason
+            record.response_id = event.response_id or record.response_id
+            if event.text:
+                now = lines.arrived  # not after parsing: an event's JSON is the client's work
+                if record.ttft is None:
+                    record.ttft = now - sent
+                else:
+                    record.itl.append(now - last)
+                last = now
+                text_parts.append(event.text)
+            if event.done:
+                return text_parts, usage
+    raise ResponseError("stream ended before its last event")
+
+
+async def _read_whole_answer(
+    resp: aiohttp.ClientResponse, record: RequestRecord, sent: float, api: str
+) -> tuple[list[str], dict | None]:
+    """A non-streamed Responses or Messages answer: its text and usage (TTFT is its E2E)."""
+    body = await LineReader(resp.content).read_all()
+    try:
+        answer = json.loads(body)
+    except ValueError as exc:
+        raise ResponseError(f"malformed answer: not JSON ({exc}): {body[:100]!r}") from None
+    if not isinstance(answer, dict):
+        raise ResponseError(f"malformed answer: not a JSON object: {body[:100]!r}")
+    whole = responses_whole(answer) if api == "responses" else messages_whole(answer)
+    record.finish_reason, record.response_id = whole.finish_reason, whole.response_id
+    if whole.text:
+        record.ttft = time.perf_counter() - sent
+    return [whole.text], whole.usage

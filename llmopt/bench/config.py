@@ -17,6 +17,7 @@ from llmopt.bench.request_metrics import DEFAULT_PERCENTILES, parse_slo
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.search import GoodputSearch
 from llmopt.bench.trace import MOONCAKE_BLOCK_SIZE, read_trace, send_times
+from llmopt.bench.wire import APIS, SESSION_APIS
 from llmopt.bench.workload import SESSION_WORKLOADS, WORKLOADS
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
@@ -146,8 +147,8 @@ class BenchConfig:
             raise BenchError(
                 "give --endpoint URL (any OpenAI-compatible server) or a --recipe with [[serve]] configs"
             )
-        if self.api not in ("chat", "completions"):
-            raise BenchError("--api must be 'chat' or 'completions'")
+        if self.api not in APIS:
+            raise BenchError(f"--api must be one of {', '.join(APIS)}")
         if self.arrival not in ("poisson", "constant"):
             raise BenchError("--arrival must be 'poisson' or 'constant'")
         if self.workload not in WORKLOADS:
@@ -204,8 +205,9 @@ class BenchConfig:
                 f"the {self.workload} workload counts sessions: give --sessions N (sessions at once) or "
                 "--request-rate R (sessions started per second), not --concurrency"
             )
-        if self.api != "chat":
-            raise BenchError(f"the {self.workload} workload sends chat messages: it needs --api chat")
+        if self.api not in SESSION_APIS:
+            apis = " or ".join(SESSION_APIS)
+            raise BenchError(f"the {self.workload} workload sends conversations: it needs --api {apis}")
         if not self.sessions and not self.request_rates:
             self.sessions = [1]
         if any(s < 1 for s in self.sessions) or self.turns < 1 or self.system_len < 0:

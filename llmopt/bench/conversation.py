@@ -1,6 +1,7 @@
 """A conversation of a multi-turn workload: a system prompt, turns of user text (or, in an agent loop,
 tool results), and the request each turn sends: the whole history so far, with the answers the server
-gave to the earlier turns, as a chat client replays it."""
+gave to the earlier turns, as a chat client replays it; or, a turn chained to the previous answer (the
+Responses API's previous_response_id), only what is new since that answer."""
 
 from __future__ import annotations
 
@@ -60,14 +61,35 @@ class Conversation:
             out.append(input_message(turn, tools))
         return out
 
-    def request(self, k: int, answers: list[str], answer_tokens: int, tools: bool) -> BenchRequest:
-        """Turn `k`'s request; `answer_tokens` counts the earlier answers' tokens (the server's counts)."""
+    def new_messages(self, k: int, tools: bool) -> list[dict]:
+        """What turn `k` adds to the conversation after the server's answer to turn k-1 (which the
+        server keeps): the system prompt (a chained request names it again, as the Responses API asks),
+        then an agent's tool call and the tool's result, or the user's text. With tools as text the call
+        is an assistant message of its own, where a replay writes it after the answer's text."""
+        out = [{"role": "system", "content": self.system}] if self.system else []
+        turn = self.turns[k]
+        if k and turn.tool_call is not None:
+            out.append(assistant_message("", turn.tool_call, tools))
+        return [*out, input_message(turn, tools)]
+
+    def request(
+        self,
+        k: int,
+        answers: list[str],
+        answer_tokens: int,
+        tools: bool,
+        previous_response_id: str | None = None,
+    ) -> BenchRequest:
+        """Turn `k`'s request; `answer_tokens` counts the earlier answers' tokens (the server's counts).
+        With `previous_response_id` (the server's id of turn k-1's answer) it sends only what is new."""
         prompt_tokens = self.system_tokens + sum(t.tokens for t in self.turns[: k + 1]) + answer_tokens
+        chained = previous_response_id is not None
         return BenchRequest(
-            messages=self.messages(k, answers, tools),
+            messages=self.new_messages(k, tools) if chained else self.messages(k, answers, tools),
             max_tokens=self.turns[k].max_tokens,
             prompt_tokens=prompt_tokens,
             tools=self.tools if tools else None,
+            previous_response_id=previous_response_id,
         )
 
 

@@ -146,6 +146,9 @@ def summarize(
     }
     if steady is not None:
         summary["steady_state"] = steady.block()
+    chained = [r.chained for r in ok if r.chained is not None]
+    if chained:  # later turns of Responses API sessions: chained, or replayed where the server refused
+        summary["chained_turns"], summary["replayed_turns"] = sum(chained), len(chained) - sum(chained)
     if slo:
         good = sum(meets_slo(r, slo) for r in records)
         summary["slo"] = {k: v * 1000 for k, v in slo.items()}

@@ -1,7 +1,12 @@
 """A load point of a multi-turn workload: sessions, not requests, are the unit of load. A session sends
 its turns one at a time, each after the previous answer (plus the think time), each replaying the whole
 history; `sessions` run at once (a closed loop: when one ends the next starts), or sessions start at a
-`session_rate` (an open loop). A failed turn ends its session (recorded), never another's.
+`session_rate` (an open loop). A failed turn ends its session (recorded), never another's. Through the
+Responses API a session's turns are chained: each after the first names the previous answer's id
+(`previous_response_id`) and sends only what is new, as the OpenAI Agents SDK does; the server keeps the
+history (each turn is sent with `store`). A server that refuses chaining (llama.cpp's: HTTP 400 naming
+previous_response_id) gets the whole history from then on, the refused turn sent again (it was not
+served), and the records say which turns were chained.
 
 Agent sessions send `tools`; the first refusal (HTTP 400 naming tools, as llmopt serve and most servers
 without tool support answer) switches the point to tools written as text, says so in its result, and
@@ -13,9 +18,9 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from llmopt.bench.client import RequestRecord, Target, send
+from llmopt.bench.client import BenchRequest, RequestRecord, Target, send
 from llmopt.bench.conversation import Conversation
 from llmopt.bench.load_point import Collector, LoadPoint
 from llmopt.bench.loops import open_loop
@@ -51,6 +56,18 @@ def refuses_tools(record: RequestRecord) -> bool:
 
 
 @dataclass
+class Chaining:
+    """Whether a point's Responses API turns still name the previous answer: the server's first refusal
+    turns it off (the records' `chained` then say False)."""
+
+    send: bool = True
+
+
+def refuses_chaining(record: RequestRecord) -> bool:
+    return record.status in (400, 422, 501) and "previous_response_id" in (record.error or "")
+
+
+@dataclass
 class Sessions:
     """What every session of one point shares."""
 
@@ -63,6 +80,7 @@ class Sessions:
     deadline: float | None
     count_tokens: Callable[[str], int] | None
     counter: Iterator[int]  # numbers the point's requests in the order they are sent
+    chaining: Chaining = field(default_factory=Chaining)
 
     def ended(self) -> bool:
         return bool(self.collect.stop) or bool(self.deadline and time.perf_counter() >= self.deadline)
@@ -116,34 +134,68 @@ async def run_conversation(shared: Sessions, conv: Conversation, number: int) ->
     """One session: its turns in order, until one fails or the point ends."""
     answers: list[str] = []
     answer_tokens = 0
+    previous: str | None = None  # the server's id of the last answer, for a chained session
     for k in range(len(conv.turns)):
         if k and shared.point.think_time:
             await asyncio.sleep(shared.point.think_time)
         if shared.ended():
             return
-        record = await send_turn(shared, conv, k, answers, answer_tokens)
+        record = await send_turn(shared, conv, k, answers, answer_tokens, previous)
         record.session, record.turn = number, k
         shared.collect(record)
         if not record.success:
             return
         answers.append(record.text or "")
         answer_tokens += record.output_tokens
+        previous = record.response_id
 
 
 async def send_turn(
-    shared: Sessions, conv: Conversation, k: int, answers: list[str], answer_tokens: int
+    shared: Sessions,
+    conv: Conversation,
+    k: int,
+    answers: list[str],
+    answer_tokens: int,
+    previous: str | None = None,
 ) -> RequestRecord:
-    """Turn `k`'s request sent and timed; with tools as text once the server refused them."""
+    """Turn `k`'s request sent and timed; with tools as text once the server refused them. Through the
+    Responses API it continues `previous` (turn k-1's answer) and asks the server to keep its answer."""
+    responses = shared.target.api == "responses"
+    chained = responses and shared.chaining.send
+    previous = previous if chained and k else None
     with_tools = bool(conv.tools) and shared.tools.send
-    request = conv.request(k, answers, answer_tokens, with_tools)
+    request = turn_request(conv, k, answers, answer_tokens, with_tools, previous, chained)
     record = await send(
         shared.session, shared.target, request, next(shared.counter), shared.t0, shared.count_tokens
     )
-    if with_tools and refuses_tools(record):
-        if shared.tools.send:
-            shared.tools.send, shared.tools.refusal = False, record.error
-        request = conv.request(k, answers, answer_tokens, False)
+    if previous is not None and refuses_chaining(record):
+        shared.chaining.send = False
+        previous, chained = None, False
+        request = turn_request(conv, k, answers, answer_tokens, with_tools, previous, chained)
         record = await send(
             shared.session, shared.target, request, record.index, shared.t0, shared.count_tokens
         )
+    if with_tools and refuses_tools(record):
+        if shared.tools.send:
+            shared.tools.send, shared.tools.refusal = False, record.error
+        request = turn_request(conv, k, answers, answer_tokens, False, previous, chained)
+        record = await send(
+            shared.session, shared.target, request, record.index, shared.t0, shared.count_tokens
+        )
+    if responses and k:
+        record.chained = previous is not None
     return record
+
+
+def turn_request(
+    conv: Conversation,
+    k: int,
+    answers: list[str],
+    answer_tokens: int,
+    tools: bool,
+    previous: str | None,
+    chained: bool,
+) -> BenchRequest:
+    request = conv.request(k, answers, answer_tokens, tools, previous)
+    request.store = chained and k < len(conv.turns) - 1  # the last turn's answer is continued by none
+    return request

@@ -74,7 +74,12 @@ ModelOption = Annotated[str | None, typer.Option(help="model name; default: the 
 ApiKeyOption = Annotated[
     str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key (or $OPENAI_API_KEY)")
 ]
-ApiOption = Annotated[str | None, typer.Option(help="chat or completions; default: chat")]
+ApiOption = Annotated[
+    str | None,
+    typer.Option(
+        help="chat, completions, responses (chained by previous_response_id) or messages; default: chat"
+    ),
+]
 RecipeOption = Annotated[
     Path | None, typer.Option(help="a sweep recipe (TOML); flags given here override it")
 ]

@@ -29,11 +29,15 @@ class ServedWorkload:
 
 
 def usage_of(record: dict, writes: bool) -> Usage:
-    """A record's tokens as billed; with `writes`, its uncached prompt counts as written to the cache."""
+    """A record's tokens as billed: cached as the server's usage said, whichever API it came through
+    (the bench's client reads chat's, the Responses API's and Anthropic's usage fields into the same
+    record); written as the server said (Anthropic's cache_creation_input_tokens), else, with `writes`,
+    its uncached prompt counts as written to the cache."""
     prompt = max(0.0, float(record.get("prompt_tokens") or 0))
     cached = min(max(0.0, float(record.get("cached_tokens") or 0)), prompt)
     output = max(0.0, float(record.get("output_tokens") or 0))
-    return Usage(prompt, output, cached, prompt - cached if writes else 0.0)
+    told = min(max(0.0, float(record.get("cache_write_tokens") or 0)), prompt - cached)
+    return Usage(prompt, output, cached, told if told else prompt - cached if writes else 0.0)
 
 
 def conversations(records: list[dict]) -> list[list[Usage]]:

@@ -88,11 +88,14 @@ class ScriptedOpenAI(http.server.BaseHTTPRequestHandler):
             return
         self.seen.append((self.path, request))
         self.auth.append(self.headers.get("Authorization"))
-        if self.path not in ("/v1/chat/completions", "/v1/completions"):
+        if self.path not in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"):
             self.send_error(404)
             return
         if self.replies:
             self.replies.pop(0)(self, request)
+            return
+        if self.path in NEWER_APIS:
+            NEWER_APIS[self.path](self, request)
             return
         if self.endpoint.capacity is not None:
             self.endpoint.capacity.serve()
@@ -125,6 +128,88 @@ def whole(handler: ScriptedOpenAI, request: dict, chat: bool) -> None:
     )
     usage = {"prompt_tokens": 10, "completion_tokens": request["max_tokens"]}
     body = json.dumps({"choices": [choice], **({"usage": usage} if handler.endpoint.usage else {})}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def responses_answer(handler: ScriptedOpenAI, request: dict) -> None:
+    """The Responses API's answer of `max_output_tokens` words (events, or a whole response object), its
+    usage saying 4 cached tokens, its id numbered by the request's place in `seen`."""
+    words = request["max_output_tokens"]
+    response = {
+        "id": f"resp_{len(handler.seen)}",
+        "object": "response",
+        "status": "completed",
+        "output": [
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "word " * words}],
+            }
+        ],
+        "usage": {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": words},
+    }
+    if request.get("stream") is False:
+        json_answer(handler, response)
+        return
+    event_stream(handler)
+    events = [{"type": "response.created", "response": {**response, "status": "in_progress", "output": []}}]
+    events += [{"type": "response.output_text.delta", "delta": "word "} for _ in range(words)]
+    events.append({"type": "response.completed", "response": response})
+    for event in events:
+        handler.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+
+def messages_answer(handler: ScriptedOpenAI, request: dict) -> None:
+    """Anthropic's answer of `max_tokens` words: 3 prompt tokens uncached, 5 read from the cache and 2
+    written to it."""
+    words = request["max_tokens"]
+    usage = {"input_tokens": 3, "cache_read_input_tokens": 5, "cache_creation_input_tokens": 2}
+    message = {"id": f"msg_{len(handler.seen)}", "type": "message", "role": "assistant", "content": []}
+    if request.get("stream") is False:
+        text = [{"type": "text", "text": "word " * words}]
+        json_answer(
+            handler,
+            {
+                **message,
+                "content": text,
+                "stop_reason": "end_turn",
+                "usage": {**usage, "output_tokens": words},
+            },
+        )
+        return
+    event_stream(handler)
+    events = [
+        {
+            "type": "message_start",
+            "message": {**message, "usage": {**usage, "input_tokens": 10, "output_tokens": 1}},
+        }
+    ]
+    events.append({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})
+    events += [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "word "}}
+    ] * words
+    events.append({"type": "content_block_stop", "index": 0})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "max_tokens"},
+            "usage": {**usage, "output_tokens": words},
+        }
+    )
+    events.append({"type": "message_stop"})
+    for event in events:
+        handler.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+
+
+NEWER_APIS = {"/v1/responses": responses_answer, "/v1/messages": messages_answer}
+
+
+def json_answer(handler: ScriptedOpenAI, answer: dict) -> None:
+    body = json.dumps(answer).encode()
     handler.send_response(200)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Content-Length", str(len(body)))

@@ -18,7 +18,7 @@ def endpoint_config(**kw) -> BenchConfig:
     ("config", "message"),
     [
         (BenchConfig(), "give --endpoint URL"),
-        (endpoint_config(api="responses"), "--api must be"),
+        (endpoint_config(api="assistants"), "--api must be"),
         (endpoint_config(arrival="gamma", request_rates=[1.0]), "--arrival must be"),
         (endpoint_config(workload="poems"), "--workload must be one of random, shared-prefix, copy, file"),
         (endpoint_config(workload="file"), "needs --dataset"),

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import API_KEY
 
 
@@ -75,3 +77,25 @@ def test_the_prefix_cache_is_reset_between_points(server, tmp_path):
     assert kept.returncode == 0, kept.stderr
     assert warm["cached_tokens"] > 0 and "sends the prompts of an earlier point" in warm["warnings"][0]
     assert "warning" in kept.stderr
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_the_agent_workload_through_each_api_counts_what_the_server_served(server, tmp_path, api):
+    """`llmopt bench --api responses|messages`: the same agent sessions through the Responses API
+    (turns chained by previous_response_id, the server keeping the history) and Anthropic's API; the
+    tokens the records say (each API's usage) are the tokens the server served, and the later turns'
+    prompts came from the prefix cache."""
+    before = server.metrics()
+    args = ("--workload", "agent", "--api", api, *SESSIONS, "--turn-len", "12", "--system-len", "64")
+    result, [point] = bench(server, tmp_path, f"agent-{api}", *args)
+    after = server.wait_idle()
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert point["tools"] == "sent" and point["failed"] == 0
+    assert point["successful"] == grew(before, after, "request_success_total") == 4
+    assert point["output_tokens"] == grew(before, after, "generation_tokens_total") == 4 * 4
+    assert point["prompt_tokens"] == grew(before, after, "prompt_tokens_total")
+    assert point["token_source"] == "usage"
+    first, second = point["turns"]
+    assert second["prompt_tokens_mean"] > first["prompt_tokens_mean"]
+    assert second["cached_fraction"] > 0.3
+    assert point["cached_tokens"] > 0
