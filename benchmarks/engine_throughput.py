@@ -24,7 +24,7 @@ from harness import CorpusCursor, MachineLoad, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.checkpoints import resolve_model
+from llmopt.checkpoints import reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
@@ -245,7 +245,7 @@ def main() -> None:
     args = parse_args()
     console = Console(width=150)
     load = MachineLoad.begin(console)
-    model_dir = resolve_model()
+    model_dir = reference_folder()  # the fp32 engine beside transformers on the same weights
     engine = LLMEngine(EngineConfig(model=str(model_dir), max_num_seqs=max(args.concurrency)))
     cursor = CorpusCursor(engine.tokenizer)
     check_corpus(args, cursor)

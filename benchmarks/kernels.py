@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import AutoConfig
 
-from llmopt.checkpoints import resolve_model
+from llmopt.checkpoints import reference_folder
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers.attention import AttentionGroup, attend_decode, attend_prefill
@@ -51,7 +51,7 @@ ATTENTION_CONTEXTS = (200, 2048)
 
 def model_shapes() -> tuple[dict[str, tuple[int, int]], dict[str, int], object]:
     """(in, out) of each linear as the engine stores it, how many of each a decode step runs; the config."""
-    config = AutoConfig.from_pretrained(resolve_model())
+    config = AutoConfig.from_pretrained(reference_folder())
     hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     shapes = {

@@ -25,7 +25,7 @@ from harness import MachineLoad, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.checkpoints import resolve_model
+from llmopt.checkpoints import reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
@@ -66,7 +66,7 @@ def build_model(family: str, size: dict, folder: Path) -> dict:
         )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(folder)
-    bundled = resolve_model()
+    bundled = reference_folder()
     for name in TOKENIZER_FILES:
         if (bundled / name).is_file():
             shutil.copy(bundled / name, folder / name)

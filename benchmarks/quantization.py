@@ -23,7 +23,7 @@ from harness import MachineLoad, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.checkpoints import resolve_model
+from llmopt.checkpoints import reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
@@ -66,7 +66,7 @@ def decode_batch(engine: LLMEngine, batch: int, tokens: int) -> float:
 
 def checkpoints_to_measure(args: argparse.Namespace, console: Console) -> tuple[dict[str, Path], dict]:
     """fp32 and each method's checkpoint (quantized now unless --reuse finds one), and quantize seconds."""
-    checkpoints: dict[str, Path] = {"fp32": resolve_model()}
+    checkpoints: dict[str, Path] = {"fp32": reference_folder()}
     seconds: dict[str, float | None] = {"fp32": None}
     for method in args.only.split(","):
         out = RESULTS / "quantized" / method

@@ -29,7 +29,7 @@ from quantization import decode_b1, decode_batch, generate
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.checkpoints import bundled_gguf_path, resolve_model
+from llmopt.checkpoints import bundled_gguf_path, reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import quantized_linear
 from llmopt.engine.llm_engine import LLMEngine
@@ -72,7 +72,7 @@ def kernel_at_every_row_count() -> Iterator[None]:
 
 
 def subjects(args: argparse.Namespace, console: Console) -> list[Subject]:
-    found = [Subject("fp32", str(resolve_model()))]
+    found = [Subject("fp32", str(reference_folder()))]
     for method in ("gptq",) if args.quick else METHODS:
         path = RESULTS / "quantized" / method
         if not (path / "config.json").is_file():

@@ -1,8 +1,9 @@
-"""Model sources: a local Hugging Face folder, a .gguf file, or the bundled default model.
+"""Model sources: a local Hugging Face folder, a .gguf file, or a named model (the bundled default,
+gemma3-270m), each resolved to the folder or file the engine reads.
 
-A GGUF file is converted once into a safetensors folder under the cache directory (config, tokenizer and
-an fp32 copy of the weights), named by the file's content hash: one folder per model, wherever its file
-lies.
+A GGUF file is its own checkpoint: the engine reads its config, tokenizer and weights from the file
+(gguf_model.py, engine/formats/gguf.py). Only a peer that cannot read GGUF (vLLM) or a transformers
+reference gets `reference_folder`, an fp32 safetensors copy written on demand.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 from llmopt.gemma3_gguf import NotGemma3Error, write_gemma3_folder
+from llmopt.gguf_file import GGUFError, read_gguf_file
+from llmopt.gguf_model import build_tokenizer, model_type, read_vocabulary
 from llmopt.load_cache import load_or_build
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -37,17 +40,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LLMOPT_CACHE", Path.home() / ".cache" / "llmopt")) / "models"
 
 
+# What file_fingerprint reads: the head (a GGUF's metadata and tensor table), then samples spread
+# over the rest. A full SHA-256 of a 4.7 GB 7B file would cost every start about 3 s here; two files that
+# share a size, a header and 64 samples but differ in their weights are not made by any quantizer.
+FINGERPRINT_HEAD = 16 << 20
+FINGERPRINT_SAMPLES = 64
+FINGERPRINT_SAMPLE = 64 << 10
+
+
 @functools.cache
-def _content_digest(path: Path, size: int, mtime_ns: int) -> str:
+def _fingerprint(path: Path, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256(str(size).encode())
     with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        digest.update(f.read(FINGERPRINT_HEAD))
+        for i in range(FINGERPRINT_SAMPLES):
+            f.seek(FINGERPRINT_HEAD + (size - FINGERPRINT_HEAD) * i // FINGERPRINT_SAMPLES)
+            digest.update(f.read(FINGERPRINT_SAMPLE))
+    return digest.hexdigest()
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's content (0.07 s for the bundled 98 MB GGUF here), computed once per process
-    for a path, size and modification time."""
+def file_fingerprint(path: Path) -> str:
+    """A key for a model file's content, for the caches built from it (tokenizer, repacked weights):
+    its size, its first 16 MiB and 64 samples of 64 KiB (20 MiB read, about 0.01 s when cached), computed
+    once per process for a path, size and modification time."""
     stat = path.stat()
-    return _content_digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
+    return _fingerprint(path.resolve(), stat.st_size, stat.st_mtime_ns)
 
 
 def bundled_gguf_path() -> Path:
@@ -76,20 +93,20 @@ def gemma3_gguf_path() -> Path:
 
 
 def resolve_model(model: str | None = None) -> Path:
-    """Return the folder of an HF checkpoint (config.json + safetensors + tokenizer) for `model`."""
-    if model is None or model == DEFAULT_MODEL:
-        return convert_gguf(bundled_gguf_path())
-    if model == GEMMA3_MODEL:
-        return convert_gguf(gemma3_gguf_path())
-    path = Path(model).expanduser()
+    """The checkpoint `model` names: a .gguf file (the named models are GGUF files), checked to be a
+    whole GGUF of an architecture llmopt serves, or a Hugging Face folder (config.json + safetensors +
+    tokenizer)."""
+    path = gguf_file(model)
+    if path is not None:
+        check_gguf(path)
+        return path
+    path = Path(str(model)).expanduser()
     if not path.exists():
         raise ModelError(
             f"model not found: {model} (give a local HF folder, a .gguf file or {DEFAULT_MODEL!r})"
         )
     if path.is_file():
-        if path.suffix != ".gguf":
-            raise ModelError(f"{model} is a file but not a .gguf file")
-        return convert_gguf(path)
+        raise ModelError(f"{model} is a file but not a .gguf file")
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelError(f"{model} has no config.json: it is not a Hugging Face model folder")
@@ -97,16 +114,36 @@ def resolve_model(model: str | None = None) -> Path:
     return path
 
 
+def is_gguf(checkpoint: Path) -> bool:
+    return checkpoint.is_file() and checkpoint.suffix == ".gguf"
+
+
 def gguf_file(model: str | None = None) -> Path | None:
-    """The .gguf file behind `model` (the bundled default, gemma3-270m or a .gguf path), or None for an
-    HF folder: the engine can read its quantized tensors natively (`--dtype auto`) instead of the
-    converted copy."""
+    """The .gguf file behind `model` (the bundled default, gemma3-270m or a .gguf path), or None."""
     if model is None or model == DEFAULT_MODEL:
         return bundled_gguf_path()
     if model == GEMMA3_MODEL:
         return gemma3_gguf_path()
     path = Path(model).expanduser()
-    return path if path.is_file() and path.suffix == ".gguf" else None
+    return path if is_gguf(path) else None
+
+
+def check_gguf(path: Path) -> None:
+    """A ModelError, before anything is loaded, for a file that is cut short, not a GGUF, or of an
+    architecture llmopt does not serve."""
+    try:
+        model_type(read_gguf_file(path))
+    except GGUFError as exc:
+        raise ModelError(str(exc)) from None
+
+
+def served_name(model: str | None) -> str:
+    """The name the API serves `model` under by default: a named model's name, a file's or folder's
+    own name without its suffix (never an absolute path, which would leak the server's layout)."""
+    if model is None or model in (DEFAULT_MODEL, GEMMA3_MODEL):
+        return model or DEFAULT_MODEL
+    path = Path(model).expanduser()
+    return path.stem if is_gguf(path) else path.name or model
 
 
 def resolve_tokenizer(name: str | None = None) -> Path:
@@ -131,7 +168,15 @@ def check_architecture(config_file: Path) -> None:
 
 def converted_folder(gguf: Path) -> Path:
     """Where convert_gguf puts a GGUF file's folder: named by its content, one folder per model."""
-    return cache_dir() / f"{gguf.stem}-{file_digest(gguf)[:16]}"
+    return cache_dir() / f"{gguf.stem}-{file_fingerprint(gguf)[:16]}"
+
+
+def reference_folder(model: str | None = None) -> Path:
+    """`model` as a transformers folder: a Hugging Face folder as it is, a GGUF as its fp32 copy (for
+    vLLM, whose GGUF loading is experimental, and for transformers as a reference; llmopt's engine
+    never reads it)."""
+    checkpoint = resolve_model(model)
+    return convert_gguf(checkpoint) if is_gguf(checkpoint) else checkpoint
 
 
 def convert_gguf(gguf: Path) -> Path:
@@ -162,29 +207,40 @@ def convert_gguf(gguf: Path) -> Path:
 
 
 def write_transformers_folder(gguf: Path, folder: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    transformers_model(gguf).save_pretrained(folder)
+    load_tokenizer(gguf).save_pretrained(folder)
 
+
+def transformers_model(checkpoint: Path, dtype=None):
+    """The checkpoint as a transformers model in memory (fp32 unless `dtype`): a GGUF is dequantized by
+    transformers, tensor by tensor, and nothing is written (Gemma 3, which its GGUF path mis-reads, is
+    read through its converted folder)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or torch.float32
+    if not is_gguf(checkpoint):
+        return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype)
+    if gguf_architecture(checkpoint) == "gemma3":
+        return AutoModelForCausalLM.from_pretrained(convert_gguf(checkpoint), dtype=dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            checkpoint.parent, gguf_file=checkpoint.name, dtype=dtype
+        )
     except (ValueError, KeyError, OSError) as exc:
-        raise ModelError(f"cannot read {gguf}: {exc}") from exc
+        raise ModelError(f"cannot read {checkpoint}: {exc}") from exc
     # transformers refuses save_pretrained on a model loaded from GGUF while it keeps the quantizer.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    return model
 
 
-def gguf_architecture(gguf: Path) -> str | None:
-    from gguf import GGUFReader
-
+def gguf_architecture(gguf: Path) -> str:
     try:
-        field = GGUFReader(gguf).fields.get("general.architecture")
-    except (ValueError, OSError) as exc:
-        raise ModelError(f"cannot read {gguf}: {exc}") from exc
-    return field.contents() if field is not None else None
+        return read_gguf_file(gguf).architecture
+    except GGUFError as exc:
+        raise ModelError(str(exc)) from None
 
 
 # tokenizer_config.json names of the one class that only wraps tokenizer.json: AutoTokenizer would resolve
@@ -205,25 +261,36 @@ TOKENIZER_FILES = (
 )
 
 
-def load_tokenizer(model_dir: Path):
-    """The model's tokenizer, from its saved copy when the tokenizer files have not changed since (a
-    pickle of the tokenizer loads in 0.08 s where transformers' from_pretrained took 0.36 s here)."""
+def load_tokenizer(checkpoint: Path):
+    """The model's tokenizer, from its saved copy when its sources have not changed since (a pickle of
+    the tokenizer loads in 0.08 s where transformers' from_pretrained took 0.36 s here; Qwen2.5's
+    151,936-token one 0.47 s where building it from the GGUF took 1.3 s)."""
     import transformers
 
-    files = sorted(p for p in Path(model_dir).iterdir() if p.name in TOKENIZER_FILES)
+    import llmopt.gguf_model
+
     key = hashlib.sha256(transformers.__version__.encode())
-    for path in files:
-        key.update(path.name.encode() + b"\0" + path.read_bytes())
+    if is_gguf(checkpoint):
+        key.update(file_fingerprint(checkpoint).encode() + Path(llmopt.gguf_model.__file__).read_bytes())
+        build = functools.partial(build_gguf_tokenizer, checkpoint)
+    else:
+        for path in sorted(p for p in Path(checkpoint).iterdir() if p.name in TOKENIZER_FILES):
+            key.update(path.name.encode() + b"\0" + path.read_bytes())
+        build = functools.partial(build_folder_tokenizer, checkpoint)
     return load_or_build(
         cache_dir().parent / "tokenizers" / f"{key.hexdigest()[:16]}.pkl",
-        lambda: build_tokenizer(model_dir),
+        build,
         # Unpickling runs code: the file is ours, written into the user's own cache folder.
         lambda path: pickle.loads(path.read_bytes()),
         pickle.dump,
     )
 
 
-def build_tokenizer(model_dir: Path):
+def build_gguf_tokenizer(path: Path):
+    return build_tokenizer(read_vocabulary(path))
+
+
+def build_folder_tokenizer(model_dir: Path):
     config_file = Path(model_dir) / "tokenizer_config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     if (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from llmopt.gguf_file import VOCABULARY_KEYS, GGUFFile, read_gguf_file
 from llmopt.gguf_names import GEMMA3_LAYER_NAMES, GLOBAL_NAMES
 
 
@@ -13,18 +14,18 @@ class NotGemma3Error(ValueError):
     """A tensor that is not part of Gemma 3's text decoder (checkpoints.py reports it as a ModelError)."""
 
 
-def write_gemma3_folder(gguf: Path, folder: Path) -> None:
+def write_gemma3_folder(gguf_path: Path, folder: Path) -> None:
     """A Gemma 3 GGUF as an fp32 HF folder (config, tokenizer, safetensors). What llama.cpp's converter
     changed is undone: every norm weight (q/k norms too) carries +1 there; q/k rows are not permuted for
     Gemma (unlike Llama); the embedding is stored unscaled, as in transformers."""
     import torch
-    from gguf import GGUFReader
     from gguf.quants import dequantize
     from safetensors.torch import save_file
+    from transformers import Gemma3TextConfig
 
-    reader = GGUFReader(gguf)
+    gguf = read_gguf_file(gguf_path, VOCABULARY_KEYS)
     tensors = {}
-    for t in reader.tensors:
+    for t in gguf.tensors.values():
         base, _, kind = (
             t.name.removesuffix(".weight").rpartition(".") if t.name.startswith("blk.") else ("", "", "")
         )
@@ -34,32 +35,26 @@ def write_gemma3_folder(gguf: Path, folder: Path) -> None:
             else None
         )
         if name is None:
-            raise NotGemma3Error(f"{gguf}: tensor {t.name} is not part of Gemma 3's text decoder")
-        weight = torch.from_numpy(dequantize(t.data, t.tensor_type).copy()).float()
-        weight = weight.reshape(list(reversed(t.shape.tolist())))  # GGUF lists dimensions innermost first
+            raise NotGemma3Error(f"{gguf_path}: tensor {t.name} is not part of Gemma 3's text decoder")
+        weight = torch.from_numpy(dequantize(gguf.read(t.name), t.type).copy()).float().reshape(t.shape)
         tensors[name + ".weight"] = weight - 1.0 if t.name.endswith("norm.weight") else weight
     save_file(tensors, str(folder / "model.safetensors"))
-    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
-    gemma3_config(fields, reader, "lm_head.weight" not in tensors).save_pretrained(folder)
-    gemma3_tokenizer(reader, fields).save_pretrained(folder)
+    Gemma3TextConfig(**gemma3_config(gguf)).save_pretrained(folder)
+    gemma3_tokenizer(gguf).save_pretrained(folder)
 
 
-def gemma3_config(fields: dict, reader, tied: bool):
-    from transformers import Gemma3TextConfig
-
-    def get(key: str, default=None):
-        return fields.get("gemma3." + key, default)
-
+def gemma3_config(gguf: GGUFFile) -> dict:
+    """config.json fields of a Gemma 3 GGUF's text model."""
+    get = gguf.get
     hidden, heads, layers = get("embedding_length"), get("attention.head_count"), get("block_count")
     head_dim = get("attention.key_length", hidden // heads)
     rope = {"rope_type": "default", "rope_theta": get("rope.freq_base", 1_000_000.0)}
     if get("rope.scaling.type") == "linear":  # Gemma 3 4B and larger stretch their global layers
         rope = {**rope, "rope_type": "linear", "factor": get("rope.scaling.factor")}
-    token_id = {
-        k: reader.fields[f"tokenizer.ggml.{k}_token_id"].contents() for k in ("bos", "eos", "padding")
-    }
-    return Gemma3TextConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+    token_id = {k: int(gguf.metadata[f"tokenizer.ggml.{k}_token_id"]) for k in ("bos", "eos", "padding")}
+    return dict(
+        model_type="gemma3_text",
+        vocab_size=gguf.tensors["token_embd.weight"].shape[0],
         hidden_size=hidden,
         intermediate_size=get("feed_forward_length"),
         num_hidden_layers=layers,
@@ -78,7 +73,7 @@ def gemma3_config(fields: dict, reader, tied: bool):
             "full_attention": rope,
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        tie_word_embeddings=tied,
+        tie_word_embeddings="output.weight" not in gguf.tensors,
         bos_token_id=token_id["bos"],
         eos_token_id=token_id["eos"],
         pad_token_id=token_id["padding"],
@@ -86,19 +81,19 @@ def gemma3_config(fields: dict, reader, tied: bool):
     )
 
 
-def gemma3_tokenizer(reader, fields: dict):
+def gemma3_tokenizer(gguf: GGUFFile):
     """Gemma's SentencePiece BPE as a fast tokenizer: merges ranked by piece score, control and
     user-defined pieces matched whole, byte fallback, <bos> first (transformers' GGUF path builds a
-    Unigram model from the same vocabulary, which splits words differently: " o" "ld" for " old")."""
+    Unigram model from the same vocabulary, which splits words differently: " o" "ld" for " old").
+    `gguf` must hold its vocabulary (VOCABULARY_KEYS)."""
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, processors
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import generate_merges
 
-    def array(key: str) -> list:
-        return reader.fields[f"tokenizer.ggml.{key}"].contents()
-
-    tokens, scores, types = array("tokens"), array("scores"), array("token_type")
+    meta = gguf.metadata
+    tokens = meta["tokenizer.ggml.tokens"]
+    scores, types = meta["tokenizer.ggml.scores"].tolist(), meta["tokenizer.ggml.token_type"].tolist()
     vocab = {token: i for i, token in enumerate(tokens)}
     normal = [(t, s) for t, s, kind in zip(tokens, scores, types) if kind == 1]
     model = BPE(vocab, generate_merges(vocab, normal), unk_token="<unk>", byte_fallback=True, fuse_unk=True)
@@ -112,15 +107,12 @@ def gemma3_tokenizer(reader, fields: dict):
     tokenizer.add_special_tokens(
         [AddedToken(t, normalized=False, special=True) for t, k in zip(tokens, types) if k == 3]
     )
-    bos = tokens[reader.fields["tokenizer.ggml.bos_token_id"].contents()]
-    if (
-        "tokenizer.ggml.add_bos_token" not in reader.fields
-        or reader.fields["tokenizer.ggml.add_bos_token"].contents()
-    ):
+    bos = tokens[int(meta["tokenizer.ggml.bos_token_id"])]
+    if meta.get("tokenizer.ggml.add_bos_token", True):
         tokenizer.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
         )
-    ids = {k: reader.fields[f"tokenizer.ggml.{k}_token_id"].contents() for k in ("eos", "unknown", "padding")}
+    ids = {k: int(meta[f"tokenizer.ggml.{k}_token_id"]) for k in ("eos", "unknown", "padding")}
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         bos_token=bos,
@@ -128,6 +120,6 @@ def gemma3_tokenizer(reader, fields: dict):
         unk_token=tokens[ids["unknown"]],
         pad_token=tokens[ids["padding"]],
     )
-    if "tokenizer.chat_template" in fields:
-        fast.chat_template = fields["tokenizer.chat_template"]
+    if "tokenizer.chat_template" in meta:
+        fast.chat_template = str(meta["tokenizer.chat_template"])
     return fast

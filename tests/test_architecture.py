@@ -9,8 +9,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 
 # What each part of llmopt may import (besides itself). cli -> server / bench / quant / report /
-# evaluate -> engine -> checkpoints (-> gemma3_gguf -> gguf_names, load_cache); pricing, cost, corpus
-# and files are
+# evaluate -> engine -> checkpoints (-> gguf_model -> gemma3_gguf -> gguf_file, gguf_names; load_cache);
+# pricing, cost, corpus and files are
 # leaves anyone may read. The bench speaks HTTP and never imports the engine; the report reads run
 # folders through the bench's rundir.py (ONLY_THROUGH). engines builds and runs other engines' servers
 # (vLLM, llama.cpp): the CLI and the bench start them through it.
@@ -22,11 +22,13 @@ ALLOWED: dict[str, set[str]] = {
     "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
-    "engine": {"checkpoints", "gguf_names", "load_cache"},
+    "engine": {"checkpoints", "gguf_file", "gguf_model", "gguf_names", "load_cache"},
     # never llmopt's engine or server (a peer is another process), only the engine config's defaults
     "engines": {"checkpoints", "engine"},
-    "checkpoints": {"gemma3_gguf", "load_cache"},
-    "gemma3_gguf": {"gguf_names"},  # a Gemma 3 GGUF as a transformers folder: checkpoints' converter
+    "checkpoints": {"gemma3_gguf", "gguf_file", "gguf_model", "load_cache"},
+    "gguf_model": {"gemma3_gguf", "gguf_file"},  # a GGUF's config, tokenizer and stop tokens, from its header
+    "gemma3_gguf": {"gguf_file", "gguf_names"},  # Gemma 3's config and tokenizer, and its fp32 folder
+    "gguf_file": set(),  # the GGUF format: header and tensor bytes
     "gguf_names": set(),  # llama.cpp's tensor names, which the engine's reader and the converter share
     "load_cache": set(),  # what a start builds from a model's files, kept on disk (tokenizer, loaded model)
     "pricing": {"files"},

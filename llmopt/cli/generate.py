@@ -37,7 +37,7 @@ def generate(
         llm = LLM(model, dtype=dtype, lm_head_dtype=lm_head_dtype, speculative_config=speculative_config)
     except (ModelError, ValueError) as exc:
         raise fail(str(exc)) from None
-    console.print(f"[dim]{llm.engine.runner.startup_line}[/dim]")
+    console.print(llm.engine.runner.startup_line, style="dim", markup=False)  # its [reason] is text
     request = llm.chat_prompt(prompt) if chat else prompt
     start = time.perf_counter()
     try:

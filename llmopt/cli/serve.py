@@ -17,6 +17,8 @@ from llmopt.engines.options import API, API_KEY_ENV, ENGINE, LISTENER, ServeOpti
 SHARING_HELP = "a request waits for prefix blocks another is computing instead of computing them too"
 LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized at load, a scale per 32 inputs"
 PARALLEL_HELP = "--engine vllm only, passed through"
+NO_LOG_HELP = "no access-log line per request"
+NO_ADMIN_HELP = "leave out /reset_prefix_cache"
 D = ServeOptions  # each flag's default is the option's: D.port is 8000
 
 
@@ -37,7 +39,10 @@ def serve(
     num_kv_blocks: Annotated[
         int | None, typer.Option(help="KV pool size; default from --kv-cache-memory-gb")
     ] = D.num_kv_blocks,
-    kv_cache_memory_gb: float = D.kv_cache_memory_gb,
+    kv_cache_memory_gb: Annotated[
+        float | None,
+        typer.Option(help="KV pool memory; default: a quarter of what is free after the weights"),
+    ] = D.kv_cache_memory_gb,
     kv_cache_dtype: Annotated[
         str, typer.Option(help="auto (the model's dtype) or int8: ~3.8x the KV blocks in the same memory")
     ] = D.kv_cache_dtype,
@@ -62,6 +67,8 @@ def serve(
     tensor_parallel_size: Annotated[int, typer.Option(help=PARALLEL_HELP)] = D.tensor_parallel_size,
     pipeline_parallel_size: Annotated[int, typer.Option(help=PARALLEL_HELP)] = D.pipeline_parallel_size,
     data_parallel_size: Annotated[int, typer.Option(help=PARALLEL_HELP)] = D.data_parallel_size,
+    disable_log_requests: Annotated[bool, typer.Option(help=NO_LOG_HELP)] = D.disable_log_requests,
+    disable_admin_routes: Annotated[bool, typer.Option(help=NO_ADMIN_HELP)] = D.disable_admin_routes,
     engine: Annotated[
         str,
         typer.Option(help="llmopt, vllm or llama.cpp: the same flags, translated (docs/engines.md)"),
@@ -100,7 +107,7 @@ def serve_on(engine: str, options: ServeOptions, engine_python: str | None, dry_
 def serve_llmopt(options: ServeOptions, dry_run: bool) -> None:
     """The options as llmopt's engine config, API settings and listener (each validates its own), then
     the server in this process until it is stopped."""
-    from llmopt.checkpoints import DEFAULT_MODEL, ModelError
+    from llmopt.checkpoints import ModelError, served_name
     from llmopt.engine.config import EngineConfig
     from llmopt.server.serve import Listener
     from llmopt.server.serve import serve as run_server
@@ -111,7 +118,7 @@ def serve_llmopt(options: ServeOptions, dry_run: bool) -> None:
         if dry_run:
             print(config)
             return
-        name = options.served_model_name or options.model or DEFAULT_MODEL
+        name = options.served_model_name or served_name(options.model)
         settings = ServerSettings(name, **options.part(API), api_key_env=API_KEY_ENV)
         log_to_stderr()
         run_server(config, settings, Listener(**options.part(LISTENER)))

@@ -19,7 +19,8 @@ class EngineConfig:
     lm_head_dtype: str = "auto"  # "float32" or "int8" (per output row); "auto": layers/lm_head.py
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
+    # None: a quarter of the memory free once the weights are in, 0.25-16 GiB (engine/memory.py)
+    kv_cache_memory_gb: float | None = None
     # "auto": keys and values in the model's dtype; "int8": per token-head scales (layers/int8_kv_cache.py)
     kv_cache_dtype: str = "auto"
     max_num_seqs: int = 64
@@ -42,6 +43,8 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be at least 1")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be at least 1")
+        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
+            raise ValueError("kv_cache_memory_gb must be more than 0")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, not {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

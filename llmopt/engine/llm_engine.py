@@ -14,7 +14,7 @@ import zlib
 import torch
 from transformers import GenerationConfig
 
-from llmopt.checkpoints import load_tokenizer, resolve_model
+from llmopt.checkpoints import is_gguf, load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
@@ -34,6 +34,8 @@ from llmopt.engine.spec_decode.speculator import Speculator
 from llmopt.engine.step_log import StepLog, StepRecord
 from llmopt.engine.structured.compiler import GrammarCompiler
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
+from llmopt.gguf_file import read_gguf_file
+from llmopt.gguf_model import end_of_generation_ids
 
 log = logging.getLogger(__name__)
 # The warm-up's prefill: enough to start the OpenMP pool and page in the weights, which is what a first
@@ -49,11 +51,12 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.model_dir = resolve_model(config.model)
-        self.tokenizer = load_tokenizer(self.model_dir)
-        model_max = int(getattr(read_model_config(self.model_dir), "max_position_embeddings", 8192))
+        self.checkpoint = resolve_model(config.model)
+        log.info("model: %s", self.checkpoint)
+        self.tokenizer = load_tokenizer(self.checkpoint)
+        model_max = int(getattr(read_model_config(self.checkpoint), "max_position_embeddings", 8192))
         self.max_model_len = min(config.max_model_len or min(model_max, 8192), model_max)
-        self.runner = ModelRunner(config, self.model_dir, self.max_model_len)
+        self.runner = ModelRunner(config, self.checkpoint, self.max_model_len)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks,
             config.block_size,
@@ -92,9 +95,11 @@ class LLMEngine:
         self.runner.warm_up(min(WARM_UP_TOKENS, self.config.max_num_batched_tokens, self.max_model_len - 1))
 
     def _eos_token_ids(self) -> set[int]:
+        if is_gguf(self.checkpoint):  # what llama.cpp stops on, from the file's vocabulary
+            return end_of_generation_ids(read_gguf_file(self.checkpoint), self.tokenizer.get_vocab())
         ids: set[int] = set()
         try:
-            eos = GenerationConfig.from_pretrained(self.model_dir).eos_token_id
+            eos = GenerationConfig.from_pretrained(self.checkpoint).eos_token_id
             ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         except OSError:
             pass

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llmopt.engine import kernels
+from llmopt.engine import kernels, memory
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import int8_kv_cache
@@ -15,6 +15,7 @@ from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
 from llmopt.engine.models.decode_reads import decode_weight_bytes
 from llmopt.engine.models.kernel_layout import pack_for_kernels
 from llmopt.engine.models.loaded_model_cache import load_model_cached
+from llmopt.engine.models.model_config import read_model_config
 from llmopt.engine.precision import resolve_precision, startup_line
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.scheduler import ScheduledBatch
@@ -31,17 +32,30 @@ class ModelRunner:
     """Owns the model and the KV cache; turns a scheduled batch into tensors and runs it, returning the
     logits rows the engine samples from (sampling lives in sampler.py)."""
 
-    def __init__(self, config: EngineConfig, model_dir: Path, max_model_len: int):
-        self.precision = resolve_precision(config.dtype, config.model, model_dir)
+    def __init__(self, config: EngineConfig, checkpoint: Path, max_model_len: int):
+        self.precision = resolve_precision(config.dtype, checkpoint)
         self.dtype = self.precision.compute
         self.block_size = config.block_size
-        self.model = load_model_cached(model_dir, self.dtype, self.precision.gguf, config.lm_head_dtype)
-        model_config = self.model.config
-        self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
+        model_config = read_model_config(checkpoint)
         num_layers = model_config.num_hidden_layers
+        head_dim = (
+            getattr(model_config, "head_dim", None)
+            or model_config.hidden_size // model_config.num_attention_heads
+        )
         # int8: head_dim values and a 4-byte scale per token-head row, so ~4x the blocks in the same memory.
-        row, kv_dtype = int8_kv_cache.cache_row(self.model.head_dim, config.kv_cache_dtype, self.dtype)
-        kv_shape = (self.block_size, self.model.num_kv_heads, row)
+        row, kv_dtype = int8_kv_cache.cache_row(head_dim, config.kv_cache_dtype, self.dtype)
+        kv_shape = (self.block_size, model_config.num_key_value_heads, row)
+        weights = memory.weights_bytes(checkpoint, self.precision.native_gguf, self.dtype.itemsize)
+        kv_gb = config.kv_cache_memory_gb or memory.default_kv_gb(weights)
+        self.num_kv_blocks = config.num_kv_blocks or int8_kv_cache.pool_blocks(
+            kv_gb, num_layers, kv_shape, kv_dtype
+        )
+        kv_bytes = num_layers * 2 * self.num_kv_blocks * math.prod(kv_shape) * kv_dtype.itemsize
+        memory.check_fits(checkpoint, weights, kv_bytes)
+        self.model = load_model_cached(
+            checkpoint, self.dtype, self.precision.native_gguf, config.lm_head_dtype
+        )
+        self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
         # The compiled kernels are fp32 and cover the usual head sizes; otherwise PyTorch's ops run.
         self.use_kernels = (
             self.dtype == torch.float32
@@ -53,19 +67,17 @@ class ModelRunner:
         if self.use_kernels:
             pack_for_kernels(self.model)
         self.decode_weight_bytes = decode_weight_bytes(self.model)
-        self.num_kv_blocks = config.num_kv_blocks or int8_kv_cache.pool_blocks(
-            config.kv_cache_memory_gb, num_layers, kv_shape, kv_dtype
-        )
         # One preallocated tensor holds every layer's keys and values: [layers, 2, blocks, block, heads, dim].
         self.kv_cache = zeroed_on_first_touch((num_layers, 2, self.num_kv_blocks, *kv_shape), kv_dtype)
+        kv_tokens = self.num_kv_blocks * self.block_size
         log.info(
             "KV cache: %d blocks of %d tokens (%.0f MiB, %s)",
             self.num_kv_blocks,
             self.block_size,
-            self.kv_cache.numel() * kv_dtype.itemsize / 2**20,
+            kv_bytes / 2**20,
             kv_dtype,
         )
-        self.startup_line = startup_line(self.precision, self.model, kv_dtype, self.use_kernels)
+        self.startup_line = startup_line(self.precision, self.model, kv_dtype, self.use_kernels, kv_tokens)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch, num_logits: list[int]) -> torch.Tensor:

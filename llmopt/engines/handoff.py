@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt.checkpoints import DEFAULT_MODEL, GEMMA3_MODEL, bundled_gguf_path, gemma3_gguf_path, resolve_model
+from llmopt.checkpoints import (
+    DEFAULT_MODEL,
+    GEMMA3_MODEL,
+    bundled_gguf_path,
+    gemma3_gguf_path,
+    reference_folder,
+)
 from llmopt.engines.errors import EngineError
 
 LLAMA_CPP_CONVERTER = (
@@ -24,7 +30,7 @@ def vllm_model(model: str | None) -> str:
     """The default model and a GGUF as llmopt's converted fp32 folder; a folder as it is; anything else
     (a Hugging Face id) goes to vLLM unchanged."""
     if converted_for_vllm(model):
-        return str(resolve_model(model))  # vLLM's own GGUF loading is experimental: give it safetensors
+        return str(reference_folder(model))  # vLLM's own GGUF loading is experimental: give it safetensors
     path = Path(model).expanduser()
     return str(path.resolve()) if path.exists() else model
 

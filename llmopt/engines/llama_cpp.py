@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt.checkpoints import DEFAULT_MODEL
+from llmopt.checkpoints import served_name
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
 from llmopt.engines.handoff import llama_cpp_model
@@ -31,7 +31,7 @@ def llama_cpp_command(options: ServeOptions, python: str) -> EngineCommand:
     for option, launcher_flag in FLAGS.items():
         argv += [launcher_flag, str(getattr(options, option))]
     argv += ["--ctx", str(options.max_num_seqs * (options.max_model_len or SLOT_LEN))]
-    argv += ["--alias", options.served_model_name or options.model or DEFAULT_MODEL]
+    argv += ["--alias", options.served_model_name or served_name(options.model)]
     if not options.enable_prefix_caching:
         argv.append("--no-cache-prompt")
     argv += speculative(options)

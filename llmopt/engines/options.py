@@ -44,7 +44,7 @@ class ServeOptions:
     max_num_batched_tokens: int = engine_option("max_num_batched_tokens")
     block_size: int = engine_option("block_size")
     num_kv_blocks: int | None = engine_option("num_kv_blocks")
-    kv_cache_memory_gb: float = engine_option("kv_cache_memory_gb")
+    kv_cache_memory_gb: float | None = engine_option("kv_cache_memory_gb")
     enable_prefix_caching: bool = engine_option("enable_prefix_caching")
     max_model_len: int | None = engine_option("max_model_len")
     dtype: str = engine_option("dtype")  # each checkpoint in its own format (llmopt/engine/precision.py)
@@ -60,6 +60,10 @@ class ServeOptions:
     inflight_prefix_sharing: bool = engine_option("inflight_prefix_sharing")
     kv_cache_dtype: str = engine_option("kv_cache_dtype")  # llmopt's "int8"; peers: not translated
     lm_head_dtype: str = engine_option("lm_head_dtype")  # llmopt's int8 output layer
+    disable_log_requests: bool = option(False, API)  # vLLM's name: no access-log line per request
+    # No /reset_prefix_cache: anyone holding the key could otherwise flush every session's cached prefix
+    # (vLLM serves it only in its development mode).
+    disable_admin_routes: bool = option(False, API)
 
     @classmethod
     def from_args(cls, model: str | None, args: dict, port: int) -> ServeOptions:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from llmopt.checkpoints import DEFAULT_MODEL
+from llmopt.checkpoints import served_name
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.errors import EngineError
 from llmopt.engines.handoff import converted_for_vllm, vllm_model
@@ -49,7 +49,7 @@ SPEC_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lo
 def vllm_command(options: ServeOptions, python: str) -> EngineCommand:
     refuse_unmapped(options, ENGINE, set(FLAGS) | set(CHANGED_ONLY) | SPECIAL)
     argv = [python, "-m", MODULE, "--model", vllm_model(options.model), "--dtype", vllm_dtype(options)]
-    name = options.served_model_name or options.model or DEFAULT_MODEL
+    name = options.served_model_name or served_name(options.model)
     argv += ["--served-model-name", name]
     for option, vllm_flag in FLAGS.items():
         if (value := getattr(options, option)) is not None:
@@ -65,7 +65,7 @@ def vllm_command(options: ServeOptions, python: str) -> EngineCommand:
     argv.append("--enable-prompt-tokens-details")  # usage then carries cached_tokens, as llmopt's does
     if (spec := speculative(options)) is not None:
         argv += ["--speculative-config", json.dumps(spec)]
-    env = {KV_ENV: kv_space(options.kv_cache_memory_gb), **cpu_defaults()}
+    env = {KV_ENV: kv_space(options.kv_cache_memory_gb or DEFAULT_KV_GB), **cpu_defaults()}
     if options.api_key:
         env[API_KEY_ENV] = options.api_key
     return EngineCommand(ENGINE, argv, env, {API_KEY_ENV})
@@ -76,6 +76,12 @@ def vllm_dtype(options: ServeOptions) -> str:
     whose own format is float32; vLLM's `auto` would run an fp32 folder in half precision instead. Any
     other checkpoint keeps vLLM's `auto`, its dtype as stored."""
     return "float32" if options.dtype == "auto" and converted_for_vllm(options.model) else options.dtype
+
+
+# vLLM-CPU's own default reserves 92 % of the machine's memory and refuses to start when less is free
+# (20.2 of 23.5 GiB here, with nothing else running); llmopt's default (a quarter of what is free after
+# the weights) is about 4-5 GiB on this 24 GiB machine.
+DEFAULT_KV_GB = 4
 
 
 def kv_space(gb: float) -> str:

@@ -70,9 +70,9 @@ def engine_scorer(
 
 
 def transformers_scorer(model_dir: Path):
-    from transformers import AutoModelForCausalLM
+    from llmopt.checkpoints import transformers_model
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = transformers_model(model_dir).eval()
 
     @torch.inference_mode()
     def score(token_ids: list[int]) -> torch.Tensor:

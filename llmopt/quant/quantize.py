@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -94,7 +95,7 @@ def quantize(
     # Before any work: an --out over the source would be deleted by --overwrite, or written into it.
     refuse_source_overlap(config.out, model_sources(config.model))
     model_dir = resolve_model(config.model)
-    refuse_source_overlap(config.out, [model_dir])  # a GGUF's (or the default's) converted folder
+    refuse_source_overlap(config.out, [model_dir])  # the named model's own file
     # Before the existing-checkpoint check: a killed run's old checkpoint may be moved back to --out.
     remove_stale_staging(config.out)
     refuse_existing(config.out, config.overwrite)
@@ -189,7 +190,8 @@ def run_oneshot(
     from llmcompressor import oneshot
     from llmcompressor.logger import LoggerConfig, configure_logger
     from llmcompressor.pipelines.cache import IntermediatesCache
-    from transformers import AutoModelForCausalLM
+
+    from llmopt.checkpoints import transformers_model
 
     configure_logger(
         LoggerConfig(console_log_level=os.environ["LLM_COMPRESSOR_LOG_LEVEL"], metrics_disabled=True)
@@ -200,19 +202,25 @@ def run_oneshot(
         # with no accelerator (llm-compressor 0.14); pinning only helps GPU transfers, so skip it, for
         # this oneshot call only (the class is llm-compressor's, shared with anything else in-process).
         no_pinning = mock.patch.object(IntermediatesCache, "pin_memory", lambda self, *args, **kwargs: None)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = transformers_model(model_dir)  # a GGUF dequantized in memory, never written in fp32
     dataset = Dataset.from_dict({"input_ids": samples, "attention_mask": [[1] * len(s) for s in samples]})
-    start = time.perf_counter()
-    with no_pinning:
+    with no_pinning, tempfile.TemporaryDirectory(prefix="llmopt-config-") as config_dir:
+        # llm-compressor reads the source's config.json from the folder the model names (to refuse an
+        # already quantized one, and again when saving); a GGUF's model has none, so it names a folder
+        # holding its config only.
+        model.config.save_pretrained(config_dir)
+        model.name_or_path = model.config._name_or_path = config_dir
+        start = time.perf_counter()
         oneshot(
             model=model,
+            processor=tokenizer,  # given, not looked up in that folder
             dataset=dataset,
             recipe=recipe(config.method, config.bits, group_size),
             max_seq_length=config.seq_len,
             num_calibration_samples=len(samples),
             pipeline=PIPELINES[config.method],
         )
-    seconds = time.perf_counter() - start
-    model.save_pretrained(out, save_compressed=True)
+        seconds = time.perf_counter() - start
+        model.save_pretrained(out, save_compressed=True)  # reads the config folder too
     tokenizer.save_pretrained(out)
     return seconds

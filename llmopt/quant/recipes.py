@@ -9,7 +9,6 @@ sequential pipeline (its grid search needs it) and so gets a smaller default cal
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 METHODS = ("gptq", "awq", "int8")
@@ -26,8 +25,10 @@ CALIBRATION_SAMPLES = {"gptq": 64, "awq": 8, "int8": 8}
 
 
 def quantized_input_sizes(model_dir: Path) -> dict[str, int]:
-    """Input size of each kind of linear layer llm-compressor quantizes, from config.json."""
-    config = json.loads((model_dir / "config.json").read_text())
+    """Input size of each kind of linear layer llm-compressor quantizes, from the checkpoint's config."""
+    from llmopt.engine.models.model_config import checkpoint_fields
+
+    config = checkpoint_fields(model_dir)
     hidden = config["hidden_size"]
     head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
     return {

@@ -40,8 +40,9 @@ def write_report(folder: Path, report: QuantReport) -> None:
     (folder / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
 
 
-def checkpoint_size_mb(model_dir: Path) -> float:
-    return sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / 1e6
+def checkpoint_size_mb(checkpoint: Path) -> float:
+    files = [checkpoint] if checkpoint.is_file() else checkpoint.glob("*.safetensors")
+    return sum(p.stat().st_size for p in files) / 1e6
 
 
 def decode_speed(model_dir: Path, tokens: int = 64) -> float:

@@ -227,5 +227,5 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     assert record["cached"] is True and record["method"] == "int8"
     # INT8 W8A8 per channel moves perplexity by about 1 %: within 5 % of the source's, on the same window.
     assert abs(record["perplexity"] / record["perplexity_before"] - 1) < 0.05, record
-    assert 100 < record["size_after_mb"] < record["size_before_mb"]
+    assert 100 < record["size_after_mb"] < 0.5 * 538  # under half the source's weights in fp32
     assert 0 < record["kl_divergence"]["mean"] < 1  # from the source in float32, as quantize measured it

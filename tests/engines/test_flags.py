@@ -50,6 +50,8 @@ VLLM_REFUSED = [
     ("inflight_prefix_sharing", False),
     ("kv_cache_dtype", "int8"),  # vLLM's --kv-cache-dtype offers fp8 kinds, not int8
     ("lm_head_dtype", "int8"),
+    ("disable_log_requests", True),  # vLLM 0.32 logs no request unless --enable-log-requests
+    ("disable_admin_routes", True),
 ]
 
 LLAMA_FLAGS = [
@@ -78,6 +80,8 @@ LLAMA_REFUSED = [
     ("inflight_prefix_sharing", False),
     ("kv_cache_dtype", "int8"),
     ("lm_head_dtype", "int8"),
+    ("disable_log_requests", True),
+    ("disable_admin_routes", True),
 ]
 # llmopt's own `llmopt serve`, as the bench starts it: every option a flag of its name, set or not.
 LLMOPT_FLAGS = [
@@ -100,6 +104,8 @@ LLMOPT_FLAGS = [
     ("inflight_prefix_sharing", False, ["--no-inflight-prefix-sharing"]),
     ("kv_cache_dtype", "int8", ["--kv-cache-dtype", "int8"]),
     ("lm_head_dtype", "int8", ["--lm-head-dtype", "int8"]),
+    ("disable_log_requests", True, ["--disable-log-requests"]),
+    ("disable_admin_routes", True, ["--disable-admin-routes"]),
 ]
 LLMOPT_ENV = [("api_key", "s3cret", {API_KEY_ENV: "s3cret"})]
 LLMOPT_REFUSED = [("tensor_parallel_size", 2), ("pipeline_parallel_size", 2), ("data_parallel_size", 2)]
@@ -203,7 +209,7 @@ def test_the_launcher_accepts_every_flag_the_translation_writes(gguf, monkeypatc
     monkeypatch.setattr(sys, "argv", argv[1:])
     parsed = llama_cpp_server.parse_args()
     assert (parsed.np, parsed.ctx, parsed.no_cache_prompt, parsed.spec_ngram_size) == (3, 768, True, 5)
-    assert parsed.model == str(gguf) and parsed.alias == str(gguf)
+    assert parsed.model == str(gguf) and parsed.alias == "tiny"  # the file's stem, never its path
 
 
 def test_llmopt_serve_accepts_every_flag_the_translation_writes(gguf):

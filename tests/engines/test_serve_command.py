@@ -33,7 +33,7 @@ def test_dry_run_prints_the_command_with_the_api_key_hidden(hf_folder, tmp_path)
     vllm = serve(str(hf_folder), "--engine", "vllm", *common, "--tensor-parallel-size", "2")
     assert vllm.returncode == 0, vllm.stderr
     line = vllm.stdout.strip()
-    assert "VLLM_API_KEY=***" in line and "VLLM_CPU_KVCACHE_SPACE=1" in line
+    assert "VLLM_API_KEY=***" in line and "VLLM_CPU_KVCACHE_SPACE=4" in line
     assert f"/peer/bin/python -m vllm.entrypoints.openai.api_server --model {hf_folder}" in line
     assert "--max-num-seqs 8" in line and "--tensor-parallel-size 2" in line
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llmopt.checkpoints import DEFAULT_MODEL
+from llmopt.checkpoints import DEFAULT_MODEL, bundled_gguf_path
 from llmopt.evaluate import perplexity as perplexity_module
 from llmopt.evaluate.data import eval_windows, split_tokens
 from llmopt.evaluate.kl_divergence import ROWS_PER_CHUNK, KLAccumulator, KLStats, kl_stats, percentile
@@ -182,7 +182,8 @@ def test_the_engines_kld_is_the_one_from_transformers_fp32_logits(compared, hf_m
 
 
 @pytest.mark.model
-def test_eval_with_a_reference_prints_the_kld_and_its_json(model_dir):
+@pytest.mark.model  # the real model, through the CLI
+def test_eval_with_a_reference_prints_the_kld_and_its_json():
     args = ("eval", "--reference", DEFAULT_MODEL, "--windows", "1", "--seq-len", "128")
     shown = llmopt(*args)
     assert shown.returncode == 0, shown.stderr
@@ -199,5 +200,6 @@ def test_eval_with_a_reference_prints_the_kld_and_its_json(model_dir):
     assert "reference perplexity" in shown.stdout and "127 tokens" in shown.stdout
     data = json.loads(llmopt(*args, "--json").stdout)
     assert data["kl_divergence"].keys() == KLStats.__dataclass_fields__.keys()
-    assert data["kl_divergence"]["tokens"] == 127 and data["reference"] == str(model_dir)
+    # the reference is the bundled file itself, run in float32 (dequantized in memory)
+    assert data["kl_divergence"]["tokens"] == 127 and data["reference"] == str(bundled_gguf_path())
     assert data["kl_divergence"]["mean"] == pytest.approx(values["mean KLD"], abs=1e-6)

@@ -11,7 +11,16 @@ import pytest
 from llmopt.quant.quantize import QuantizeConfig, run_oneshot
 
 
+class FakeConfig:
+    _name_or_path = ""
+
+    def save_pretrained(self, folder: str) -> None:
+        (Path(folder) / "config.json").write_text("{}")
+
+
 class FakeModel:
+    config = FakeConfig()
+
     def save_pretrained(self, out: Path, save_compressed: bool) -> None:
         (out / "model.safetensors").write_bytes(b"")
 

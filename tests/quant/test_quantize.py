@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from llmopt.checkpoints import bundled_gguf_path
 from llmopt.quant.quantize import QuantizeConfig, quantize
 from llmopt.quant.report import REPORT_FILE
 from tests.conftest import llmopt
@@ -42,12 +43,15 @@ def test_int8_cli_writes_a_compressed_tensors_checkpoint_and_a_report(int8_run, 
     ):
         assert key in report, key
     assert (report["method"], report["bits"], report["group_size"]) == ("int8", 8, None)
-    assert report["size_after_mb"] < 0.5 * report["size_before_mb"]
-    assert abs(report["perplexity_after"] / report["perplexity_before"] - 1) < 0.01
-    # From the source in float32: the fp32 source as the engine runs it is that reference itself.
+    # The source is the bundled Q4_1 GGUF itself (98 MB); the int8 checkpoint of its weights is under
+    # half their fp32 size (538 MB).
+    assert report["size_before_mb"] == round(bundled_gguf_path().stat().st_size / 1e6, 1)
+    assert 100 < report["size_after_mb"] < 0.5 * 538
+    assert abs(report["perplexity_after"] / report["perplexity_before"] - 1) < 0.015
+    # From the source in float32: the source as the engine runs it (its Q4_1 blocks) is near it.
     assert (
-        report["kl_divergence_before"]["mean"] < 1e-6
-        and report["kl_divergence_before"]["top1_agreement"] == 1
+        0 < report["kl_divergence_before"]["mean"] < 0.01
+        and report["kl_divergence_before"]["top1_agreement"] > 0.9
     )
     after = report["kl_divergence_after"]
     assert 0 < after["mean"] < after["p99"] < after["p999"] and after["tokens"] == 511

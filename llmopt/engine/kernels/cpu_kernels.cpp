@@ -24,6 +24,10 @@ namespace llmopt_quant {  // quantized_matmul.cpp: packed int4 / int8 weights x 
 at::Tensor quantized_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales);
 }
 
+namespace llmopt_gguf {  // gguf_matmul.cpp: a GGUF file's blocks in panels x int8 activations
+at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& data, const at::Tensor& index);
+}
+
 namespace llmopt_int8_kv {  // int8_kv_attention.cpp: the int8 KV cache's write and decode attention
 at::Tensor paged_decode_attention_int8(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                        const at::Tensor& block_tables, const at::Tensor& context_lens,
@@ -531,6 +535,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 // QuantizedLinear does.
 at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
   if (w.scalar_type() == at::kFloat) return packed_linear(x, w, w.size(0) * kPanel);
+  // an int64 panel index: a GGUF file's blocks (llmopt/engine/layers/gguf_panels.py).
+  if (scales.scalar_type() == at::kLong) return llmopt_gguf::gguf_matmul(x, w, scales);
   // fp32 scales: the packed int4 / int8 panels of llmopt/engine/layers/quantized_panels.py.
   if (scales.scalar_type() == at::kFloat) return llmopt_quant::quantized_matmul(x, w, scales);
   const at::Tensor x16 = x.to(at::kBFloat16);
@@ -542,23 +548,26 @@ at::Tensor any_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor
 // Every decoder layer of a step whose tokens are all decode rows (one query each, no prefill chunk), in
 // one call: the same kernels as the per-layer path, in the same order, without ~15 Python-level op
 // calls per layer (about 4 ms of a 30 ms batch-1 step here). weights, per layer: input_norm, qkv, qkv
-// scales, o, o scales, post_attention_norm, gate_up, gate_up scales, down, down scales (see any_linear).
-// kv_cache: [layers, 2, blocks, block, kv_heads, D].
+// scales, qkv bias (empty for none: Qwen2's layers have one), o, o scales, post_attention_norm, gate_up,
+// gate_up scales, down, down scales (see any_linear). kv_cache: [layers, 2, blocks, block, kv_heads, D].
 at::Tensor decode_layers(const at::Tensor& embeddings, std::vector<at::Tensor> weights, double eps,
                          const at::Tensor& kv_cache, const at::Tensor& cos, const at::Tensor& sin,
                          const at::Tensor& slots, const at::Tensor& block_tables, const at::Tensor& context_lens,
                          int64_t heads) {
-  TORCH_CHECK(weights.size() % 10 == 0 && (int64_t)weights.size() / 10 == kv_cache.size(0), "10 a layer");
+  constexpr size_t kPerLayer = 11;
+  TORCH_CHECK(weights.size() == kPerLayer * kv_cache.size(0), "11 a layer");
   // An int8 cache (rows of D int8 values and a 4-byte scale) has its own write and attention.
   const bool int8 = kv_cache.scalar_type() == at::kChar;
   const int64_t tokens = embeddings.size(0), dim = kv_cache.size(-1) - (int8 ? 4 : 0);
   const double scale = 1.0 / std::sqrt((double)dim);
   at::Tensor hidden = embeddings.contiguous().clone();
   for (int64_t layer = 0; layer < kv_cache.size(0); ++layer) {
-    const at::Tensor* w = weights.data() + 10 * layer;
+    const at::Tensor* w = weights.data() + kPerLayer * layer;
     const at::Tensor k_cache = kv_cache[layer][0], v_cache = kv_cache[layer][1];
     at::Tensor x = rms_norm(hidden, w[0], eps);
-    const at::Tensor qkv = any_linear(x, w[1], w[2]);
+    at::Tensor qkv = any_linear(x, w[1], w[2]);
+    if (w[3].numel()) qkv.add_(w[3]);
+    w += 1;  // past the bias: the rest as before
     at::Tensor q = int8 ? llmopt_int8_kv::rope_and_cache_int8(qkv, cos, sin, k_cache, v_cache, slots, heads)
                         : rope_and_cache(qkv, cos, sin, k_cache, v_cache, slots, heads);
     at::Tensor attn =

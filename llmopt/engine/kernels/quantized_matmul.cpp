@@ -276,6 +276,10 @@ Activations quantize_for(const at::Tensor& x, int64_t group) {
   return group == kSmallGroup ? quantize<kSmallGroup>(x, group) : quantize<kBlock>(x, group);
 }
 
+}  // namespace
+
+// x [M, K] fp32 -> (int8 [M, K], block scales [M, K / block], group sums [M, K / group]), blocks of 16 for
+// groups of 16, else 32. Also called by gguf_matmul.cpp, whose formats take blocks the size of a group.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: [M, K] fp32");
   TORCH_CHECK((group == kSmallGroup || group % kBlock == 0) && x.size(1) % group == 0,
@@ -283,8 +287,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Te
   const Activations a = quantize_for(x.contiguous(), group);
   return {a.q, a.d, a.sums};
 }
-
-}  // namespace
 
 // x: [M, K] fp32; w: [panels, K * 16] int8 (W8) or [panels, K * 8] uint8 (W4); scales: [panels, groups, 2,
 // 16] fp32. Returns x @ W^T: [M, panels * 16]. Also called by decode_layers (cpu_kernels.cpp).

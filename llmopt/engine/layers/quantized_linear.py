@@ -1,5 +1,6 @@
-"""Quantized linear layers for the engine: the canonical quantized weight (llmopt/engine/formats) run with
-the engine's int4 / int8 panel kernel (int8 activations, kernels/quantized_matmul.cpp) when the compiled
+"""Quantized linear layers for the engine: a GGUF file's blocks at their own width on the GGUF kernel
+(kernels/gguf_matmul.cpp, AVX-512 VNNI), or the canonical quantized weight (llmopt/engine/formats) on the
+engine's int4 / int8 panel kernel (int8 activations, kernels/quantized_matmul.cpp) when the compiled
 kernels load, at every batch size; else PyTorch's CPU weight-only kernels (dequantized for prefill-sized
 batches), or dequantized where no kernel fits. LLMOPT_QUANT_KERNEL=aten keeps PyTorch's kernels (bf16
 activations), for checking."""
@@ -15,6 +16,7 @@ import torch
 from llmopt.engine import kernels
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
 from llmopt.engine.layers import quantized_panels
+from llmopt.engine.layers.gguf_panels import GGUFPanels
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,13 @@ class QuantizedLinear(torch.nn.Module):
     ATen's kernels want bf16 ones (with fp32 they are 20-40x slower here), so activations are cast
     around those and the engine stays fp32. kernel: one of KERNEL_CHOICES (default: LLMOPT_QUANT_KERNEL)."""
 
-    def __init__(self, weight: QuantizedWeight, name: str = "", kernel: str | None = None):
+    def __init__(self, weight: QuantizedWeight | GGUFPanels, name: str = "", kernel: str | None = None):
         super().__init__()
+        if isinstance(weight, GGUFPanels):
+            self.out_features, self.in_features = weight.out_features, weight.in_features
+            self.gguf = weight
+            self.kernel = "gguf"
+            return
         out_features, in_features = weight.q.shape
         self.out_features, self.in_features = out_features, in_features
         self.bits, self.group_size = weight.bits, weight.group_size
@@ -82,7 +89,10 @@ class QuantizedLinear(torch.nn.Module):
 
     def kernel_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(packed weight, scales) as the engine's compiled decode_layers takes them (fp32 scales for the
-        panel kernel, bf16 for ATen's); None for a layer that runs dequantized."""
+        panel kernel, bf16 for ATen's, the int64 panel index for the GGUF kernel); None for a layer that
+        runs dequantized."""
+        if self.kernel == "gguf":
+            return self.gguf.data, self.gguf.index
         if self.kernel in PANEL_KERNELS:  # fp32 scales: decode_layers' any_linear runs quantized_matmul
             return self.panels.packed, self.panels.scales
         if self.kernel == "int8":
@@ -99,6 +109,8 @@ class QuantizedLinear(torch.nn.Module):
 
     def dequantized_t(self) -> torch.Tensor:
         """The fp32 weight [in, out], rebuilt from the kernel's own packed copy (no second copy kept)."""
+        if self.kernel == "gguf":
+            return self.gguf.dequantize().t()
         if self.kernel in PANEL_KERNELS:
             return self.panels.dequantize().t()
         if self.kernel == "int8":
@@ -116,7 +128,9 @@ class QuantizedLinear(torch.nn.Module):
         return torch.addcmul(self.offset_t[:, None], q, self.scale_t[:, None]).view(in_features, out_features)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.kernel in PANEL_KERNELS:
+        if self.kernel == "gguf":
+            y = self.gguf.matmul(x.float())
+        elif self.kernel in PANEL_KERNELS:
             y = torch.ops.llmopt.quantized_matmul(x.float(), self.panels.packed, self.panels.scales)
         elif self.kernel == "dense" or x.shape[0] >= DEQUANTIZE_FROM_ROWS:
             y = torch.mm(x, self.dequantized_t().to(x.dtype))

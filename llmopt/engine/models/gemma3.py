@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache, windowed
+from llmopt.engine.layers.embedding import embed_tokens
 from llmopt.engine.layers.linear import matmul
 from llmopt.engine.layers.norm import rms_norm
 
@@ -117,8 +118,8 @@ class Gemma3ForCausalLM(torch.nn.Module):
         table, then the local one, side by side (see rope_cos_sin)."""
         dim = self.head_dim
         # transformers scales in the weights' dtype: sqrt(hidden) rounded to it, then multiplied.
-        scale = torch.tensor(self.config.hidden_size**0.5, dtype=self.embed.dtype)
-        hidden = F.embedding(input_ids, self.embed) * scale
+        hidden = embed_tokens(self.embed, input_ids).to(self.norm.dtype)
+        hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
         one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
         if self.decode_weights and one_call:
             hidden = torch.ops.llmopt.decode_gemma3_layers(

@@ -18,7 +18,7 @@ def pack_for_kernels(model: LlamaForCausalLM | Gemma3ForCausalLM) -> None:
         set_gemma3_decode_weights(model)
         return
     pack_dense_linears(model.modules())  # the layers' linears, and the experts' of MoE layers
-    if model.fused_decode and all(layer.qkv_bias is None and layer.q_norm is None for layer in model.layers):
+    if model.fused_decode and all(layer.q_norm is None for layer in model.layers):
         set_llama_decode_weights(model)
 
 
@@ -31,10 +31,19 @@ def set_llama_decode_weights(model: LlamaForCausalLM) -> None:
     if compiled is None:
         return  # a layer without a compiled kernel: layer by layer
     linears, model.decode_max_rows = compiled
-    model.decode_weights = [  # the order decode_layers reads them in, ten a layer
+    no_bias = torch.empty(0)
+    model.decode_weights = [  # the order decode_layers reads them in, eleven a layer
         t
         for layer, (qkv, o, gate_up, down) in zip(model.layers, linears)
-        for t in (layer.input_norm, *qkv, *o, layer.post_attention_norm, *gate_up, *down)
+        for t in (
+            layer.input_norm,
+            *qkv,
+            no_bias if layer.qkv_bias is None else layer.qkv_bias,
+            *o,
+            layer.post_attention_norm,
+            *gate_up,
+            *down,
+        )
     ]
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 from transformers import PretrainedConfig
 
 from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, rope_and_cache
+from llmopt.engine.layers.embedding import embed_tokens
 from llmopt.engine.layers.linear import matmul
 from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
@@ -100,7 +100,7 @@ class LlamaForCausalLM(torch.nn.Module):
         self, input_ids: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """Return the final hidden states [T, hidden] of the flat batch."""
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = embed_tokens(self.embed, input_ids).to(self.norm.dtype)
         one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
         if self.decode_weights and one_call:
             # Decode rows only: all layers in one compiled call (the same kernels, in the same order).

@@ -1,11 +1,13 @@
-"""A GGUF model as the engine loaded it (its blocks repacked into the kernels' panels, the int8 output
-layer), kept on disk beside the file's converted folder (llmopt/load_cache.py), so that a later start
-maps it in instead of building it again: loading the bundled Q4_1 model took 0.55 s of a 3.5 s warm
-start here, mapping the saved one 0.01 s.
+"""A GGUF model as the engine loaded it (its blocks repacked into the kernels' panels), kept on disk
+(llmopt/load_cache.py) so that a later start maps it in instead of building it again: loading the
+bundled Q4_1 model took 0.55 s of a 3.5 s warm start here, mapping the saved one 0.01 s. This is the
+only thing a GGUF start writes besides its tokenizer; it is about the size of the model in memory, one
+folder a model file under $LLMOPT_CACHE/loaded (default ~/.cache/llmopt/loaded), and `rm -r` of that
+folder is always safe: the next start builds it again.
 
-The folder is named by the file's content hash already; the saved file's name hashes the rest it
-depends on (dtype, output layer, kernel choice, torch, the engine's sources), so a new llmopt with other
-classes or layouts writes a new file instead of reading a stale one.
+The folder is named by the file's stem and content fingerprint; the saved file's name hashes the rest
+it depends on (dtype, output layer, kernel choice, torch, the engine's sources), so a new llmopt with
+other classes or layouts writes a new file instead of reading a stale one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.checkpoints import file_digest
+from llmopt.checkpoints import cache_dir, file_fingerprint, is_gguf
 from llmopt.engine import kernels
 from llmopt.engine.layers.quantized_linear import kernel_choice
 from llmopt.engine.models.loader import load_model
@@ -24,17 +26,22 @@ from llmopt.load_cache import load_or_build
 ENGINE_SOURCES = Path(__file__).resolve().parents[1]  # llmopt/engine: every class a saved model holds
 FORMAT_VERSION = 1
 FOLDER = "loaded"
-KEEP = 2  # saved models a model's folder keeps: this llmopt's and the one before (222 MB each here)
+KEEP = 1  # saved models a model's folder keeps: this llmopt's only, so the cache stays one model's size
 
 
-def load_model_cached(model_dir: Path, dtype: torch.dtype, gguf: Path | None, lm_head_dtype: str):
+def saved_models_dir() -> Path:
+    return cache_dir().parent / FOLDER
+
+
+def load_model_cached(checkpoint: Path, dtype: torch.dtype, native_gguf: bool, lm_head_dtype: str):
     """load_model(...), from the saved copy when there is one; only a GGUF read natively is kept (an
     HF folder's weights would have to be hashed, about what loading them costs)."""
-    if gguf is None:
-        return load_model(model_dir, dtype, gguf, lm_head_dtype)
+    if not (native_gguf and is_gguf(checkpoint)):
+        return load_model(checkpoint, dtype, native_gguf, lm_head_dtype)
+    folder = saved_models_dir() / f"{checkpoint.stem}-{file_fingerprint(checkpoint)[:16]}"
     return load_or_build(
-        Path(model_dir) / FOLDER / f"{cache_key(gguf, dtype, lm_head_dtype)}.pt",
-        lambda: load_model(model_dir, dtype, gguf, lm_head_dtype),
+        folder / f"{cache_key(checkpoint, dtype, lm_head_dtype)}.pt",
+        lambda: load_model(checkpoint, dtype, native_gguf, lm_head_dtype),
         # Unpickling runs code: the file is ours, written by torch.save into the user's own cache folder.
         lambda path: torch.load(path, mmap=True, weights_only=False),
         torch.save,
@@ -45,7 +52,7 @@ def load_model_cached(model_dir: Path, dtype: torch.dtype, gguf: Path | None, lm
 def cache_key(gguf: Path, dtype: torch.dtype, lm_head_dtype: str) -> str:
     parts = [
         f"format {FORMAT_VERSION}",
-        file_digest(gguf),
+        file_fingerprint(gguf),
         str(dtype),
         lm_head_dtype,
         kernel_choice(),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.engine.formats.gguf import NATIVE_MODEL_TYPES
+from llmopt.engine.layers.embedding import QuantizedEmbedding
 from llmopt.engine.layers.lm_head import output_layer
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.models.checkpoint_weights import CheckpointWeights, set_linear
@@ -38,26 +38,19 @@ def load_layer(layer: DecoderLayer, weights: CheckpointWeights, prefix: str) -> 
 
 
 def load_model(
-    model_dir: Path, dtype: torch.dtype, gguf: Path | None = None, lm_head_dtype: str = "auto"
+    checkpoint: Path, dtype: torch.dtype, native_gguf: bool = True, lm_head_dtype: str = "auto"
 ) -> LlamaForCausalLM:
-    """The model of `model_dir`; with `gguf`, its weights read from that file at the file's own
-    precision (config and tokenizer still come from `model_dir`, the file's converted folder)."""
-    config = read_model_config(model_dir)
-    assert gguf is None or config.model_type in NATIVE_MODEL_TYPES, "precision.py reads only these natively"
-    weights = CheckpointWeights(model_dir, dtype, gguf)
+    """The model of `checkpoint` (a folder, or a GGUF file read at its own precision when `native_gguf`,
+    else dequantized to `dtype` tensor by tensor)."""
+    config = read_model_config(checkpoint)
+    weights = CheckpointWeights(checkpoint, dtype, native_gguf)
     if config.model_type in GEMMA3_TYPES:
         return load_gemma3(config, weights, lm_head_dtype)
     with torch.device("meta"):
         model = MoeForCausalLM(config) if config.model_type in MOE_MODEL_TYPES else LlamaForCausalLM(config)
-    model.embed = weights.param("model.embed_tokens.weight")
+    set_linear(model, "embed", weights.embedding("model.embed_tokens.weight"))
     model.norm = weights.param("model.norm.weight")
-    has_head = any(n.startswith("lm_head") for n in (*weights.tensors, *weights.native))
-    if has_head and not getattr(config, "tie_word_embeddings", False):
-        set_linear(model, "lm_head_t", weights.linear("", "lm_head"))
-    else:
-        weights.tensors.pop("lm_head.weight", None)
-        weights.native.pop("lm_head", None)
-        model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
+    set_linear(model, "lm_head_t", output_head(model, config, weights, lm_head_dtype))
     for i, layer in enumerate(model.layers):
         load_layer(layer, weights, f"model.layers.{i}.")
     quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
@@ -67,11 +60,22 @@ def load_model(
     return model.eval()
 
 
+def output_head(model, config, weights: CheckpointWeights, lm_head_dtype: str):
+    """The output layer [hidden, vocab]: the checkpoint's own, or the embedding's transpose when tied (a
+    GGUF's quantized embedding blocks as they are, unless an fp32 head is asked for)."""
+    tied = getattr(config, "tie_word_embeddings", False)
+    if "lm_head.weight" in weights and not tied:
+        return weights.linear("", "lm_head")
+    weights.discard("lm_head.weight")
+    if lm_head_dtype != "float32" and (head := weights.tied_head()) is not None:
+        return head
+    table = model.embed.dense() if isinstance(model.embed, QuantizedEmbedding) else model.embed
+    return torch.nn.Parameter(table.t().contiguous().to(weights.dtype), requires_grad=False)
+
+
 def gemma_norm(weights: CheckpointWeights, name: str) -> torch.nn.Parameter:
     """Gemma's RMSNorm scales by (1 + weight): stored with the 1 added, so the plain norm kernel runs."""
-    return torch.nn.Parameter(
-        (1.0 + weights.tensors.pop(name).float()).to(weights.dtype), requires_grad=False
-    )
+    return torch.nn.Parameter((1.0 + weights.take(name).float()).to(weights.dtype), requires_grad=False)
 
 
 def load_gemma3_layer(layer: Gemma3Layer, weights: CheckpointWeights, prefix: str) -> None:
@@ -94,19 +98,11 @@ def load_gemma3_layer(layer: Gemma3Layer, weights: CheckpointWeights, prefix: st
 def load_gemma3(config, weights: CheckpointWeights, lm_head_dtype: str) -> Gemma3ForCausalLM:
     with torch.device("meta"):
         model = Gemma3ForCausalLM(config)
-    model.embed = weights.param("model.embed_tokens.weight")
+    set_linear(model, "embed", weights.embedding("model.embed_tokens.weight"))
     model.norm = gemma_norm(weights, "model.norm.weight")
     for i, layer in enumerate(model.layers):
         load_gemma3_layer(layer, weights, f"model.layers.{i}.")
-    tied = getattr(config, "tie_word_embeddings", True)
-    # A tied GGUF's head (read_gguf) is the file's quantized embedding, what llama.cpp multiplies by.
-    gguf_head = "lm_head" in weights.native and not (tied and lm_head_dtype == "float32")
-    if gguf_head or ("lm_head.weight" in weights and not tied):
-        set_linear(model, "lm_head_t", weights.linear("", "lm_head"))
-    else:
-        weights.tensors.pop("lm_head.weight", None)
-        weights.native.pop("lm_head", None)
-        model.lm_head_t = torch.nn.Parameter(model.embed.t().contiguous(), requires_grad=False)
+    set_linear(model, "lm_head_t", output_head(model, config, weights, lm_head_dtype))
     quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
     set_linear(model, "lm_head_t", output_layer(model.lm_head_t, lm_head_dtype, quantized))
     weights.drop_activation_scales()

@@ -1,7 +1,8 @@
 """GGUF tensors read natively: each block type against the `gguf` package's own dequantization (real
 tensors of the bundled Q4_1 file, synthetic blocks for the types it lacks), the names and llama.cpp's
-q/k row permutation undone (checked against the converted folder transformers wrote), the fallback for
-types we do not serve natively, and the native model's greedy tokens against its dequantized copy."""
+q/k row permutation undone (checked against the converted folder transformers wrote), the one-time
+requantization of types with no exact kernel form, and the native model's greedy tokens against its
+dequantized copy."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ from gguf.quants import dequantize, quantize
 from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-from llmopt.checkpoints import bundled_gguf_path, convert_gguf
+from llmopt.checkpoints import bundled_gguf_path
 from llmopt.engine import kernels
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.formats.gguf import NATIVE, hf_name, read_gguf, to_quantized
+from llmopt.engine.formats.gguf import NATIVE, GGUFBlocks, GGUFTensors, hf_name, to_quantized
 from llmopt.engine.formats.quantized_weight import QuantizedWeight
+from llmopt.engine.layers import gguf_panels
+from llmopt.engine.layers.embedding import QuantizedEmbedding
 from llmopt.engine.layers.quantized_linear import QuantizedLinear
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.models.checkpoint_weights import read_safetensors
+from llmopt.gguf_file import GGUFFile, read_gguf_file
 from tests.conftest import PROMPTS
 from tests.test_checkpoints_gemma3 import CONTROL, tiny_gemma3_config, write_gemma3_gguf
 
@@ -39,34 +43,39 @@ def assert_like_gguf(data: np.ndarray, qtype: T, in_features: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def bundled() -> gguf.GGUFReader:
-    return gguf.GGUFReader(bundled_gguf_path())
+def bundled() -> GGUFFile:
+    return read_gguf_file(bundled_gguf_path())
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_1, T.Q8_0], ids=lambda t: t.name)
 def test_the_bundled_files_tensors_dequantize_as_gguf_does(bundled, qtype):
-    tensors = [t for t in bundled.tensors if t.tensor_type == qtype][:3]
+    tensors = [t for t in bundled.tensors.values() if t.type == qtype][:3]
     assert tensors, f"the bundled file has no {qtype.name} tensor"
     for tensor in tensors:
-        assert_like_gguf(tensor.data, qtype, int(tensor.shape[0]))
+        assert_like_gguf(bundled.read(tensor.name), qtype, tensor.shape[1])
+
+
+# Where each super-block type keeps its fp16 fields (d, then dmin where it has one).
+K_HALVES = {T.Q2_K: 80, T.Q3_K: 108, T.Q4_K: 0, T.Q5_K: 0, T.Q6_K: 208}
+K_WITH_DMIN = (T.Q2_K, T.Q4_K, T.Q5_K)
 
 
 def synthetic_k_blocks(qtype: T, rows: int, cols: int) -> np.ndarray:
     """gguf-py cannot quantize K types: random bytes are valid blocks once the fp16 fields are finite."""
     block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
     blocks = RNG.integers(0, 256, (rows * cols // 256, block_bytes), dtype=np.uint8)
-    halves = RNG.uniform(-0.1, 0.1, (len(blocks), 2)).astype(np.float16).view(np.uint8)
-    if qtype == T.Q4_K:
-        blocks[:, 0:4] = halves  # d and dmin
-        blocks[0, 0:2] = 0  # a super-block whose sub-blocks are all flat (scale 0, offset only)
-    else:
-        blocks[:, 208:210] = halves[:, :2]
+    fields = 2 if qtype in K_WITH_DMIN else 1
+    halves = RNG.uniform(-0.1, 0.1, (len(blocks), fields)).astype(np.float16).view(np.uint8)
+    start = K_HALVES[qtype]
+    blocks[:, start : start + 2 * fields] = halves
+    if qtype in K_WITH_DMIN:
+        blocks[0, start : start + 2] = 0  # a super-block whose sub-blocks are all flat (scale 0, offset only)
     return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("qtype", list(NATIVE), ids=lambda t: t.name)
 def test_synthetic_blocks_of_each_native_type_dequantize_as_gguf_does(qtype):
-    if qtype in (T.Q4_K, T.Q6_K):
+    if qtype in K_HALVES:
         data = synthetic_k_blocks(qtype, 8, 512)
     else:
         weight = RNG.standard_normal((8, 512)).astype(np.float32)
@@ -124,34 +133,45 @@ def write_gguf(path: Path, tensors: dict[str, tuple[np.ndarray, T]], arch: str =
     writer.close()
 
 
-def test_unsupported_types_fall_back_with_one_log_line_and_q_k_rows_are_unpermuted(tmp_path, caplog):
+def test_types_without_an_exact_form_are_requantized_once_and_q_k_rows_are_unpermuted(tmp_path, caplog):
+    """IQ4_NL (a non-linear 4-bit code) has no canonical form: its layers are requantized to int8 in
+    groups of 32, once, with one log line; every other type stays exact; llama.cpp's q/k row permutation
+    is undone on quantized and requantized tensors alike."""
     heads, kv_heads, head_dim, hidden = 4, 2, 8, 64
     q = RNG.standard_normal((heads * head_dim, hidden)).astype(np.float32)
-    k = RNG.standard_normal((kv_heads * head_dim, hidden)).astype(np.float32)
+    k_blocks = RNG.integers(0, 256, (kv_heads * head_dim * hidden // 32, 18), dtype=np.uint8)
+    k_blocks[:, :2] = RNG.uniform(0.01, 0.1, (len(k_blocks), 1)).astype(np.float16).view(np.uint8)
+    k_data = k_blocks.reshape(kv_heads * head_dim, -1)
     path = tmp_path / "tiny.gguf"
     write_gguf(
         path,
         {
             "blk.0.attn_q.weight": (quantize(q, T.Q8_0), T.Q8_0),
-            "blk.0.attn_k.weight": (quantize(k, T.Q5_1), T.Q5_1),
-            "blk.0.attn_v.weight": (quantize(k, T.Q5_1), T.Q5_1),
-            "blk.0.ffn_up.weight": (quantize(q, T.Q5_0), T.Q5_0),
+            "blk.0.attn_k.weight": (k_data, T.IQ4_NL),
+            "blk.0.attn_v.weight": (k_data, T.IQ4_NL),
+            "blk.0.ffn_up.weight": (quantize(q, T.Q5_1), T.Q5_1),
             "blk.0.attn_norm.weight": (np.ones(hidden, np.float32), T.F32),
         },
     )
+    tensors = GGUFTensors(read_gguf_file(path), heads, kv_heads, native=True)
+    layer = "model.layers.0."
+    taken = {name: tensors.take(name) for name in list(tensors.names())}
     with caplog.at_level(logging.WARNING):
-        dense, quantized = read_gguf(path, heads, kv_heads)
-    [record] = [r for r in caplog.records if "not served natively" in r.getMessage()]
-    assert "Q5_1 (2 tensors)" in record.getMessage() and "Q5_0" not in record.getMessage()
-    assert set(quantized) == {"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.up_proj"}
-    assert dense["model.layers.0.input_layernorm.weight"].shape == (hidden,)
+        tensors.log_conversions()
+    [record] = [r for r in caplog.records if "requantized" in r.getMessage()]
+    assert "IQ4_NL (2 tensors)" in record.getMessage() and "Q5_1" not in record.getMessage()
+    assert taken[layer + "input_layernorm.weight"].shape == (hidden,)
+    assert isinstance(taken[layer + "mlp.up_proj.weight"], GGUFBlocks)  # Q5_1: kept as the file's blocks
     # transformers' own reversal of llama.cpp's permutation is the reference
     processor = LlamaTensorProcessor({"num_attention_heads": heads, "num_key_value_heads": kv_heads})
     q_file = dequantize(quantize(q, T.Q8_0), T.Q8_0)
     q_ref = processor.process(q_file, "blk.0.attn_q.weight").weights
-    assert torch.equal(quantized["model.layers.0.self_attn.q_proj"].dequantize(), torch.from_numpy(q_ref))
-    k_ref = processor.process(dequantize(quantize(k, T.Q5_1), T.Q5_1), "blk.0.attn_k.weight").weights
-    assert torch.equal(dense["model.layers.0.self_attn.k_proj.weight"], torch.from_numpy(k_ref))
+    q_ours = taken[layer + "self_attn.q_proj.weight"].canonical().dequantize()
+    assert torch.equal(q_ours, torch.from_numpy(q_ref))
+    k_ref = torch.from_numpy(processor.process(dequantize(k_data, T.IQ4_NL), "blk.0.attn_k.weight").weights)
+    k_ours = taken[layer + "self_attn.k_proj.weight"]
+    assert (k_ours.bits, k_ours.group_size) == (8, 32)
+    torch.testing.assert_close(k_ours.dequantize(), k_ref, rtol=0, atol=float(k_ref.abs().max()) / 254)
     assert not torch.equal(torch.from_numpy(q_ref), torch.from_numpy(q_file))  # the check can fail
 
 
@@ -167,12 +187,16 @@ def test_gemma3_norms_lose_llamacpps_offset_and_the_tied_head_is_the_quantized_e
         "blk.0.ffn_gate.weight": (quantize(embed[:32], T.Q5_0), T.Q5_0),
     }
     write_gguf(path, tensors, arch="gemma3")
-    dense, quantized = read_gguf(path, 4, 1)
+    gguf_tensors = GGUFTensors(read_gguf_file(path), 4, 1, native=True)
     layer = "model.layers.0."
     for name in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
-        torch.testing.assert_close(dense[f"{layer}{name}.weight"], torch.from_numpy(norm) - 1, rtol=0, atol=0)
-    assert set(quantized) == {"lm_head", layer + "mlp.gate_proj"}
-    assert torch.equal(quantized["lm_head"].dequantize(), dense["model.embed_tokens.weight"])
+        norm_read = gguf_tensors.take(f"{layer}{name}.weight")
+        torch.testing.assert_close(norm_read, torch.from_numpy(norm) - 1, rtol=0, atol=0)
+    assert gguf_tensors.quantized_linear(layer + "mlp.gate_proj.weight")
+    head = gguf_tensors.tied_head()
+    embedding = QuantizedEmbedding(*gguf_tensors.raw_blocks("model.embed_tokens.weight"), hidden)
+    assert torch.equal(head.canonical().dequantize(), embedding.dense())
+    assert torch.equal(embedding.dense(), torch.from_numpy(dequantize(quantize(embed, T.Q8_0), T.Q8_0)))
 
 
 def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp32_copy(tmp_path, monkeypatch):
@@ -187,9 +211,8 @@ def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp3
     qtypes = {"attn_q": q5, "attn_k": q5, "attn_v": q8, "attn_output": T.Q4_0, "ffn_gate": q5, "ffn_up": q5}
     path = tmp_path / "tiny-gemma3.gguf"
     write_gemma3_gguf(path, model, config, {**qtypes, "ffn_down": q8, "token_embd": q8})
-    folder = convert_gguf(path)
     runners = {
-        dtype: ModelRunner(EngineConfig(str(path), dtype, num_kv_blocks=8), folder, max_model_len=64)
+        dtype: ModelRunner(EngineConfig(str(path), dtype, num_kv_blocks=8), path, max_model_len=64)
         for dtype in ("auto", "float32")
     }
     native = runners["auto"].model
@@ -197,9 +220,13 @@ def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp3
     assert isinstance(native.lm_head_t, QuantizedLinear) and isinstance(
         native.layers[1].o_weight, QuantizedLinear
     )
-    if kernels.load():  # the panel kernels: int8 activations, as llama.cpp's dot products
-        assert {native.layers[0].qkv_weight.kernel, native.layers[0].gate_up_weight.kernel} == {"w8a8"}
-        assert native.layers[0].o_weight.kernel == "w4a8"
+    layer = native.layers[0]
+    if gguf_panels.supported():  # each type at its own width: Q5_0 beside Q8_0 in one fused q/k/v
+        assert {layer.qkv_weight.kernel, layer.gate_up_weight.kernel, layer.o_weight.kernel} == {"gguf"}
+        assert set(layer.qkv_weight.gguf.types) == {"Q5_0", "Q8_0"}
+    elif kernels.load():  # the generic panel kernels: int8 activations, as llama.cpp's dot products
+        assert {layer.qkv_weight.kernel, layer.gate_up_weight.kernel} == {"w8a8"}
+        assert layer.o_weight.kernel == "w4a8"
     ids = [2, *torch.randint(len(CONTROL), config.vocab_size, (15,)).tolist()]
     quantized, dense = (runner.prompt_logits(ids) for runner in runners.values())
     assert not torch.equal(quantized, dense)
@@ -207,8 +234,8 @@ def test_a_gemma3_gguf_at_its_own_precision_keeps_its_blocks_and_follows_its_fp3
 
 
 @pytest.fixture(scope="module")
-def native_runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(dtype="auto", num_kv_blocks=16), model_dir, max_model_len=256)
+def native_runner() -> ModelRunner:
+    return ModelRunner(EngineConfig(dtype="auto", num_kv_blocks=16), bundled_gguf_path(), max_model_len=256)
 
 
 def test_native_q4_1_layers_equal_the_converted_folders(native_runner, model_dir):
@@ -219,7 +246,7 @@ def test_native_q4_1_layers_equal_the_converted_folders(native_runner, model_dir
     attn = "model.layers.7.self_attn."
     qkv = torch.cat([converted[attn + n + ".weight"] for n in ("q_proj", "k_proj", "v_proj")])
     torch.testing.assert_close(model.layers[7].qkv_weight.dequantized_t().t(), qkv, rtol=0, atol=1e-5)
-    torch.testing.assert_close(model.embed, converted["model.embed_tokens.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(model.embed.dense(), converted["model.embed_tokens.weight"], rtol=0, atol=0)
 
 
 def test_native_q4_1_greedy_tokens_agree_with_its_dequantized_copy(native_runner, llm, hf_greedy):

@@ -1,11 +1,12 @@
-"""Record llama.cpp's greedy continuations of the real Gemma 3 270M GGUF into gemma3_llamacpp.json, and
-its log-probabilities of a fixed text into gemma3_llamacpp_logprobs.json: the references
-test_gemma3_gguf.py compares llmopt with (so CI needs no llama.cpp). Run once, by hand:
+"""Record llama.cpp's greedy continuations of a real GGUF (the Gemma 3 270M by default) into its fixture
+(gemma3_llamacpp.json), and its log-probabilities of a fixed text into gemma3_llamacpp_logprobs.json:
+the references test_gemma3_gguf.py and test_qwen_gguf.py compare llmopt with (so CI needs no llama.cpp).
+Run once, by hand:
 
     .peer-venv/bin/python llmopt/engines/llama_cpp_server.py --np 1 --port 8166 \\
         --model ~/.cache/llmopt/gguf/gemma-3-270m-q4_k_m.gguf &
     .venv/bin/python tests/engine/models/record_gemma3_llamacpp.py --url http://127.0.0.1:8166 \\
-        [--part greedy|logprobs]
+        [--part greedy|logprobs] [--model FILE_NAME --out FIXTURE.json]
 
 Greedy: ten mixed prompts; three are longer than the model's 512-token sliding window. Log-probabilities:
 llama.cpp's server scores no prompt tokens, so each token of the text is scored teacher-forced by its own
@@ -98,10 +99,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8166")
     ap.add_argument("--part", choices=("greedy", "logprobs", "both"), default="both")
+    ap.add_argument("--model", default="gemma-3-270m-q4_k_m.gguf", help="the served file's name, recorded")
+    ap.add_argument("--out", type=Path, default=FIXTURE, help="the greedy fixture to write")
     args = ap.parse_args()
-    model = {"model": "gemma-3-270m-q4_k_m.gguf"}
+    model = {"model": args.model}
     if args.part in ("greedy", "both"):
-        FIXTURE.write_text(json.dumps({**model, "records": record(args.url)}, indent=1) + "\n")
+        args.out.write_text(json.dumps({**model, "records": record(args.url)}, indent=1) + "\n")
     if args.part in ("logprobs", "both"):
         LOGPROBS_FIXTURE.write_text(json.dumps({**model, **record_logprobs(args.url)}) + "\n")
 

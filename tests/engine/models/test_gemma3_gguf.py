@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from llmopt.checkpoints import GEMMA3_MODEL, resolve_model
+from llmopt.checkpoints import GEMMA3_MODEL, reference_folder
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
@@ -96,7 +96,7 @@ def exact() -> list[ExactStart]:
     from transformers import AutoModelForCausalLM
 
     records = json.loads(FIXTURE.read_text())["records"]
-    folder = resolve_model(GEMMA3_MODEL)
+    folder = reference_folder(GEMMA3_MODEL)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64, attn_implementation="eager")
     starts = []
     with torch.inference_mode():

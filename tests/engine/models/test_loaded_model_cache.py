@@ -7,35 +7,37 @@ import pytest
 import torch
 
 from llmopt.checkpoints import bundled_gguf_path
+from llmopt.engine.layers import gguf_panels
 from llmopt.engine.models import loaded_model_cache
 from llmopt.engine.models.loaded_model_cache import cache_key, load_model_cached
 
 
 def logits_of(model, token_ids: list[int]) -> torch.Tensor:
-    hidden = model.embed[torch.tensor(token_ids)]
+    hidden = model.embed(torch.tensor(token_ids))
     return model.logits(hidden)  # the output layer alone: the part --dtype auto makes int8
 
 
 @pytest.mark.model
-def test_a_second_load_maps_the_saved_model(model_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(loaded_model_cache, "FOLDER", tmp_path)  # an absolute FOLDER replaces model_dir's
+def test_a_second_load_maps_the_saved_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path))
     gguf = bundled_gguf_path()
-    built = load_model_cached(model_dir, torch.float32, gguf, "auto")
-    assert len(list(tmp_path.glob("*.pt"))) == 1
+    built = load_model_cached(gguf, torch.float32, True, "auto")
+    [saved_file] = list((tmp_path / "loaded").glob("*/*.pt"))
+    assert saved_file.stat().st_size < 1.5 * gguf.stat().st_size  # about the model's own size
 
     def no_second_load(*args):
         raise AssertionError("the saved model should have been read")
 
     monkeypatch.setattr(loaded_model_cache, "load_model", no_second_load)
-    saved = load_model_cached(model_dir, torch.float32, gguf, "auto")
+    saved = load_model_cached(gguf, torch.float32, True, "auto")
     assert saved is not built and type(saved) is type(built)
-    assert saved.lm_head_t.kernel == built.lm_head_t.kernel == "w8a8"
+    assert saved.lm_head_t.kernel == built.lm_head_t.kernel == ("gguf" if gguf_panels.supported() else "w8a8")
     for a, b in zip(built.state_dict().values(), saved.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    layers = [(m, n) for m, n in zip(built.modules(), saved.modules(), strict=True) if hasattr(m, "panels")]
+    layers = [(m, n) for m, n in zip(built.modules(), saved.modules(), strict=True) if hasattr(m, "kernel")]
     assert len(layers) == 121  # 30 layers x 4 fused linears, and the output layer
     for a, b in layers:
-        assert torch.equal(a.panels.packed, b.panels.packed) and torch.equal(a.panels.scales, b.panels.scales)
+        assert all(torch.equal(x, y) for x, y in zip(a.kernel_weights(), b.kernel_weights(), strict=True))
     token_ids = [1, 42, 4000, 17]
     assert torch.equal(logits_of(saved, token_ids), logits_of(built, token_ids))
 

@@ -1,0 +1,410 @@
+// GGUF-quantized weights times int8 activations, each type at its own width: the file's blocks, 16 rows
+// interleaved into a panel (llmopt/engine/layers/gguf_panels.py packs them), so that one 64-byte load
+// holds the same 4 bytes of 16 rows and every lane of an int32 dot product is one output column. The
+// quantized values, sub-scales and super-block scales are the file's own bytes (6-bit K-quant scales
+// unpacked to one byte each), so a Q4_K_M model reads about what the file holds per token (0.578 bytes a
+// weight for Q4_K, 0.82 for Q6_K), where widening to the generic int4 / int8 panels of
+// quantized_matmul.cpp read 0.75 and 1.5.
+//
+// Per panel and super-block (SB inputs: 256 for K-quants, 32 for the others), in this order:
+//   d [16] fp16; dm [16] fp16 (types with a per-block offset); sc [groups][16] (K-quants' sub-scales,
+//   u8, or i8 for Q3_K and Q6_K); m [groups][16] u8 (sub-offsets); the value words [words][16] u32 (a
+//   row's bytes 4w..4w+3 of its qs); the high-bit words [words][16] u32 (qh / hmask).
+// A group (16 or 32 inputs, the activation block too) has scale s = d * sc and offset o (dm * m, dm, or
+// a constant zero point times s): w = s * q - o, so y = sum_g s d_a sum(q a) - o xs_g, with xs_g the
+// group's dequantized activation sum, as quantized_matmul.cpp computes it.
+// AVX-512 VNNI + BW only: other CPUs get the generic panels (gguf_panels.supported() in Python).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+
+namespace llmopt_quant {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group);
+}
+
+namespace llmopt_gguf {
+namespace {
+
+// ggml's type ids.
+enum GgmlType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+
+// How each type's activations are quantized: int8 with a scale per block of the type's group, 32 or 16
+// inputs. llama.cpp takes one scale per 256 for K-quants (Q8_K), which would let a super-block's groups
+// add up in integers; tried for Q6_K, it was no faster here (9.05 against 9.36 ms for the 1.5B's
+// fourteen Q6_K ffn_down at one row) and it parted the real Gemma 3 270M's greedy starts from the exact
+// arithmetic's on 4 of 10 prompts where blocks of 16 part on 2 (tests/engine/models/test_gemma3_gguf.py).
+enum Activations : int { kBlock32 = 0, kBlock16 = 1 };
+int activations_of(int64_t type) { return type == Q2_K || type == Q3_K || type == Q6_K ? kBlock16 : kBlock32; }
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr int kMaxRows = 8;  // rows a tile holds, as quantized_matmul.cpp's AVX-512 tile
+
+// acc += per-lane dot of 4 u8 weights and 4 s8 activations, in place (see quantized_matmul.cpp).
+inline __m512i dot_u8s8(__m512i acc, __m512i w, __m512i a) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));
+  return acc;
+}
+
+struct Rows {
+  const int8_t* a;     // int8 activations [R, K]
+  const float* d;      // their scale per group [R, groups]
+  const float* sums;   // their dequantized sum per group [R, groups]
+  int64_t K, groups;
+};
+
+template <int R>
+inline void dot_quad(__m512i (&dot)[R], __m512i w, const Rows& x, int64_t k) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    int32_t quad;
+    std::memcpy(&quad, x.a + r * x.K + k, 4);
+    dot[r] = dot_u8s8(dot[r], w, _mm512_set1_epi32(quad));
+  }
+}
+
+template <int R>
+inline void clear(__m512i (&dot)[R]) {
+  for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+}
+
+// acc += s * d_a * dot - o * xs for group g.
+template <int R, bool Offset = true>
+inline void add_group(__m512 (&acc)[R], const __m512i (&dot)[R], __m512 s, __m512 o, const Rows& x, int64_t g) {
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(s, _mm512_set1_ps(x.d[r * x.groups + g])), acc[r]);
+    if constexpr (Offset) acc[r] = _mm512_fnmadd_ps(o, _mm512_set1_ps(x.sums[r * x.groups + g]), acc[r]);
+  }
+}
+
+inline __m512 halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline __m512 bytes_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 bytes_i8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512i load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline __m512i low_nibbles(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline __m512i high_nibbles(__m512i v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+// (v >> shift) & 3 per byte.
+inline __m512i crumbs(__m512i v, int shift) {
+  return _mm512_and_si512(_mm512_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm512_set1_epi8(0x03));
+}
+// q + add where the byte's `bit` is set in h.
+inline __m512i add_where(__m512i q, __m512i h, uint8_t bit, int8_t add) {
+  return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)bit)), q, _mm512_set1_epi8(add));
+}
+// Q5_0 / Q5_1: byte i of lane c gets bit (shift + i) of qh[c] (a u32 per column) as its fifth bit.
+inline __m512i add_fifth_bits(__m512i q, __m512i qh, int shift) {
+  const __m512i spread = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8,
+                                         4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12,
+                                         12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
+  const __m512i bytes = _mm512_shuffle_epi8(_mm512_srl_epi32(qh, _mm_cvtsi32_si128(shift)), spread);
+  const __mmask64 set = _mm512_test_epi8_mask(bytes, _mm512_set1_epi32(0x08040201));
+  return _mm512_mask_add_epi8(q, set, q, _mm512_set1_epi8(16));
+}
+
+// Q4_0, Q4_1, Q5_0, Q5_1: one group of 32 a super-block; word w holds inputs 4w.. (low nibbles) and
+// 16 + 4w.. (high nibbles).
+template <int64_t Type, int R>
+const uint8_t* legacy4(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
+  constexpr bool kOffset = Type == Q4_1 || Type == Q5_1, kFifth = Type == Q5_0 || Type == Q5_1;
+  const __m512 d = halves(p);
+  p += 32;
+  __m512 o = _mm512_mul_ps(d, _mm512_set1_ps(Type == Q4_0 ? 8.f : 16.f));
+  if constexpr (kOffset) o = halves(p), p += 32;
+  const uint8_t* words = p;
+  p += 4 * 64;
+  __m512i qh;
+  if constexpr (kFifth) qh = load(p), p += 64;
+  __m512i dot[R];
+  clear(dot);
+#pragma GCC unroll 16
+  for (int w = 0; w < 4; ++w) {
+    const __m512i v = load(words + w * 64);
+    __m512i lo = low_nibbles(v), hi = high_nibbles(v);
+    if constexpr (kFifth) lo = add_fifth_bits(lo, qh, 4 * w), hi = add_fifth_bits(hi, qh, 16 + 4 * w);
+    dot_quad(dot, lo, x, sb * 32 + 4 * w);
+    dot_quad(dot, hi, x, sb * 32 + 16 + 4 * w);
+  }
+  add_group(acc, dot, d, o, x, sb);
+  return p;
+}
+
+// Q8_0: signed bytes; the sign moves onto the activation, as quantized_matmul.cpp's int8 path does.
+template <int R>
+const uint8_t* q8_0(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
+  const __m512 d = halves(p);
+  p += 32;
+  __m512i dot[R];
+  clear(dot);
+  const __m512i zero = _mm512_setzero_si512();
+#pragma GCC unroll 16
+  for (int w = 0; w < 8; ++w, p += 64) {
+    const __m512i v = load(p), wq = _mm512_abs_epi8(v);
+    const __mmask64 negative = _mm512_movepi8_mask(v);
+    const int64_t k = sb * 32 + 4 * w;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, x.a + r * x.K + k, 4);
+      const __m512i ab = _mm512_set1_epi32(quad);
+      dot[r] = dot_u8s8(dot[r], wq, _mm512_mask_sub_epi8(ab, negative, zero, ab));
+    }
+  }
+  add_group<R, false>(acc, dot, d, d, x, sb);
+  return p;
+}
+
+// Q4_K, Q5_K: 8 groups of 32; words 8c..8c+7 hold inputs 64c + 4w.. (low nibbles, group 2c) and
+// 64c + 32 + 4w.. (high, group 2c + 1); Q5_K's high-bit word w has bit 2c / 2c + 1 of those inputs.
+template <int64_t Type, int R>
+const uint8_t* q45_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
+  const __m512 d = halves(p), dm = halves(p + 32);
+  const uint8_t *sc = p + 64, *m = sc + 8 * 16, *words = m + 8 * 16, *qh = words + 32 * 64;
+#pragma GCC unroll 16
+  for (int c = 0; c < 4; ++c) {
+    __m512i lo_dot[R], hi_dot[R];
+    clear(lo_dot), clear(hi_dot);
+  #pragma GCC unroll 16
+    for (int w = 0; w < 8; ++w) {
+      const __m512i v = load(words + (8 * c + w) * 64);
+      __m512i lo = low_nibbles(v), hi = high_nibbles(v);
+      if constexpr (Type == Q5_K) {
+        const __m512i h = load(qh + w * 64);
+        lo = add_where(lo, h, 1 << (2 * c), 16), hi = add_where(hi, h, 2 << (2 * c), 16);
+      }
+      dot_quad(lo_dot, lo, x, sb * 256 + 64 * c + 4 * w);
+      dot_quad(hi_dot, hi, x, sb * 256 + 64 * c + 32 + 4 * w);
+    }
+  #pragma GCC unroll 16
+    for (int half = 0; half < 2; ++half) {
+      const int g = 2 * c + half;
+      const __m512 s = _mm512_mul_ps(d, bytes_u8(sc + 16 * g)), o = _mm512_mul_ps(dm, bytes_u8(m + 16 * g));
+      add_group(acc, half ? hi_dot : lo_dot, s, o, x, sb * 8 + g);
+    }
+  }
+  return words + 32 * 64 + (Type == Q5_K ? 8 * 64 : 0);
+}
+
+// Q6_K: 16 groups of 16, w = d * sc * (q - 32). In half h, ql word w (< 8) holds inputs 128h + 4w..
+// (low nibbles, group 8h + w / 4) and 128h + 64 + 4w.. (high, group 8h + 4 + w / 4); word w + 8 the same
+// 32 inputs on. qh word 8h + w holds all four's two high bits: crumbs 0 and 2 for word w, 1 and 3 for
+// word w + 8, so one load serves both words.
+inline __m512i select_low_nibble(__m512i nibbles, __m512i high) {  // (nibbles & 0x0F) | (high & 0xF0)
+  return _mm512_ternarylogic_epi32(nibbles, high, _mm512_set1_epi8(0x0F), 0xE4);
+}
+
+// One ql word's pair (w, w + 8) decoded: its four quads with their 6-bit values.
+struct Q6Quads {
+  __m512i lo1, hi1, lo2, hi2;
+};
+inline Q6Quads q6_quads(const uint8_t* ql, const uint8_t* qh, int h, int w) {
+  const __m512i v1 = load(ql + (16 * h + w) * 64), v2 = load(ql + (16 * h + w + 8) * 64);
+  const __m512i bits = load(qh + (8 * h + w) * 64), crumbs = _mm512_set1_epi8(0x33);
+  const __m512i a = _mm512_and_si512(bits, crumbs), b = _mm512_and_si512(_mm512_srli_epi16(bits, 2), crumbs);
+  return {select_low_nibble(v1, _mm512_slli_epi16(a, 4)), select_low_nibble(_mm512_srli_epi16(v1, 4), a),
+          select_low_nibble(v2, _mm512_slli_epi16(b, 4)), select_low_nibble(_mm512_srli_epi16(v2, 4), b)};
+}
+
+template <int R>
+const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
+  const __m512 d = halves(p);
+  const uint8_t *sc = p + 64, *ql = sc + 16 * 16, *qh = ql + 32 * 64;  // d, 32 bytes of padding, sc
+  const int64_t k0 = sb * 256, g0 = sb * 16;
+  const int starts[4] = {0, 64, 32, 96};  // of lo1, hi1, lo2, hi2 in a half, beside the word's own 16j + 4i
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h)
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      // The four groups of words 4j.. 4j + 3 and their partners; with few rows all four are in flight
+      // (each load decoded once); with more, one at a time (the accumulators would not fit the registers).
+      const int groups[4] = {8 * h + j, 8 * h + 4 + j, 8 * h + 2 + j, 8 * h + 6 + j};
+      auto finish = [&](const __m512i (&dot)[R], int t) {
+        const __m512 s = _mm512_mul_ps(d, bytes_i8(sc + 16 * groups[t]));
+        add_group(acc, dot, s, _mm512_mul_ps(s, _mm512_set1_ps(32.f)), x, g0 + groups[t]);
+      };
+      if constexpr (R <= 2) {
+        __m512i dots[4][R];
+        for (auto& dot : dots) clear(dot);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const Q6Quads q = q6_quads(ql, qh, h, 4 * j + i);
+          const __m512i quads[4] = {q.lo1, q.hi1, q.lo2, q.hi2};
+          const int64_t k = k0 + 128 * h + 16 * j + 4 * i;
+#pragma GCC unroll 4
+          for (int t = 0; t < 4; ++t) dot_quad(dots[t], quads[t], x, k + starts[t]);
+        }
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) finish(dots[t], t);
+      } else {
+#pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          __m512i dot[R];
+          clear(dot);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            const Q6Quads q = q6_quads(ql, qh, h, 4 * j + i);
+            const __m512i quad = t == 0 ? q.lo1 : t == 1 ? q.hi1 : t == 2 ? q.lo2 : q.hi2;
+            dot_quad(dot, quad, x, k0 + 128 * h + 16 * j + 4 * i + starts[t]);
+          }
+          finish(dot, t);
+        }
+      }
+    }
+  return qh + 16 * 64;
+}
+
+// Q2_K, Q3_K: 16 groups of 16; in half h, words 8h + w hold crumb j of inputs 128h + 32j + 4w..,
+// group 8h + 2j + w / 4; Q3_K's hmask word w has the third bit of those inputs as bit 4h + j.
+template <int64_t Type, int R>
+const uint8_t* q23_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
+  constexpr bool kThree = Type == Q3_K;
+  const __m512 d = halves(p);
+  const __m512 dm = kThree ? d : halves(p + 32);
+  const uint8_t* sc = p + (kThree ? 32 : 64);
+  const uint8_t* m = sc + 16 * 16;  // Q2_K's sub-offsets
+  const uint8_t* words = kThree ? sc + 16 * 16 : m + 16 * 16;
+  const uint8_t* hmask = words + 16 * 64;
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        __m512i dot[R];
+        clear(dot);
+  #pragma GCC unroll 16
+        for (int i = 0; i < 4; ++i) {
+          const int w = 4 * half + i;
+          __m512i q = crumbs(load(words + (8 * h + w) * 64), 2 * j);
+          if constexpr (kThree) q = add_where(q, load(hmask + w * 64), 1 << (4 * h + j), 4);
+          dot_quad(dot, q, x, sb * 256 + 128 * h + 32 * j + 4 * w);
+        }
+        const int g = 8 * h + 2 * j + half;
+        if constexpr (kThree) {
+          const __m512 s = _mm512_mul_ps(d, bytes_i8(sc + 16 * g));
+          add_group(acc, dot, s, _mm512_mul_ps(s, _mm512_set1_ps(4.f)), x, sb * 16 + g);
+        } else {
+          add_group(acc, dot, _mm512_mul_ps(d, bytes_u8(sc + 16 * g)), _mm512_mul_ps(dm, bytes_u8(m + 16 * g)), x,
+                    sb * 16 + g);
+        }
+      }
+    }
+  }
+  return kThree ? hmask + 8 * 64 : words + 16 * 64;
+}
+
+template <int64_t Type, int R>
+void panel_tile(const uint8_t* p, const Rows& x, float* out, int64_t ldo) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  constexpr int64_t kSuper = Type >= Q2_K ? 256 : 32;
+  for (int64_t sb = 0; sb < x.K / kSuper; ++sb) {
+    if constexpr (Type == Q8_0) p = q8_0<R>(p, sb, x, acc);
+    else if constexpr (Type == Q4_K || Type == Q5_K) p = q45_k<Type, R>(p, sb, x, acc);
+    else if constexpr (Type == Q6_K) p = q6_k<R>(p, sb, x, acc);
+    else if constexpr (Type == Q2_K || Type == Q3_K) p = q23_k<Type, R>(p, sb, x, acc);
+    else p = legacy4<Type, R>(p, sb, x, acc);
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
+}
+
+template <int64_t Type>
+void panel_rows(const uint8_t* p, Rows x, int64_t M, float* out, int64_t ldo) {
+  for (int64_t m = 0; m < M; m += kMaxRows) {
+    const Rows tile{x.a + m * x.K, x.d + m * x.groups, x.sums + m * x.groups, x.K, x.groups};
+    switch (std::min<int64_t>(kMaxRows, M - m)) {
+      case 1: panel_tile<Type, 1>(p, tile, out + m * ldo, ldo); break;
+      case 2: panel_tile<Type, 2>(p, tile, out + m * ldo, ldo); break;
+      case 3: panel_tile<Type, 3>(p, tile, out + m * ldo, ldo); break;
+      case 4: panel_tile<Type, 4>(p, tile, out + m * ldo, ldo); break;
+      case 5: panel_tile<Type, 5>(p, tile, out + m * ldo, ldo); break;
+      case 6: panel_tile<Type, 6>(p, tile, out + m * ldo, ldo); break;
+      case 7: panel_tile<Type, 7>(p, tile, out + m * ldo, ldo); break;
+      default: panel_tile<Type, 8>(p, tile, out + m * ldo, ldo); break;
+    }
+  }
+}
+
+void run_panel(int64_t type, const uint8_t* p, const Rows& x, int64_t M, float* out, int64_t ldo) {
+  switch (type) {
+    case Q4_0: return panel_rows<Q4_0>(p, x, M, out, ldo);
+    case Q4_1: return panel_rows<Q4_1>(p, x, M, out, ldo);
+    case Q5_0: return panel_rows<Q5_0>(p, x, M, out, ldo);
+    case Q5_1: return panel_rows<Q5_1>(p, x, M, out, ldo);
+    case Q8_0: return panel_rows<Q8_0>(p, x, M, out, ldo);
+    case Q2_K: return panel_rows<Q2_K>(p, x, M, out, ldo);
+    case Q3_K: return panel_rows<Q3_K>(p, x, M, out, ldo);
+    case Q4_K: return panel_rows<Q4_K>(p, x, M, out, ldo);
+    case Q5_K: return panel_rows<Q5_K>(p, x, M, out, ldo);
+    case Q6_K: return panel_rows<Q6_K>(p, x, M, out, ldo);
+    default: TORCH_CHECK(false, "gguf_matmul: no kernel for ggml type ", type);
+  }
+}
+#endif
+
+}  // namespace
+
+bool supported() {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x: [M, K] fp32; data: uint8, the panels' bytes; index: [panels, 2] int64, each panel's byte offset in
+// data and its ggml type. Returns x @ W^T: [M, panels * 16]. Also called by decode_layers.
+at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& data, const at::Tensor& index) {
+  TORCH_CHECK(supported(), "gguf_matmul needs AVX-512 VNNI and BW");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: [M, K] fp32");
+  TORCH_CHECK(data.scalar_type() == at::kByte && data.is_contiguous(), "data: uint8");
+  TORCH_CHECK(index.scalar_type() == at::kLong && index.dim() == 2 && index.size(1) == 2 && index.is_contiguous(),
+              "index: [panels, 2] int64");
+  const int64_t M = x.size(0), K = x.size(1), panels = index.size(0), N = panels * 16;
+  TORCH_CHECK(K % 256 == 0 || K % 32 == 0, "K a multiple of 32");
+  auto out = at::empty({M, N}, x.options());
+  if (M == 0 || panels == 0) return out;
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  const int64_t* idx = index.data_ptr<int64_t>();
+  // The activations once per block size the panels use (32 and 16 in a Q4_K_M fused q/k/v).
+  bool wants[2] = {false, false};
+  for (int64_t p = 0; p < panels; ++p) wants[activations_of(idx[2 * p + 1])] = true;
+  at::Tensor keep[2][3];
+  Rows rows[2];
+  const at::Tensor input = x.contiguous();
+  for (int kind = 0; kind < 2; ++kind) {
+    if (!wants[kind]) continue;
+    const int64_t group = kind == kBlock16 ? 16 : 32;
+    TORCH_CHECK(K % group == 0, "K a multiple of the type's block of ", group);
+    auto [q, d, sums] = llmopt_quant::quantize_activations(input, group);
+    keep[kind][0] = q, keep[kind][1] = d, keep[kind][2] = sums;
+    rows[kind] = Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), K, K / group};
+  }
+  const uint8_t* base = data.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t type = idx[2 * p + 1];
+      run_panel(type, base + idx[2 * p], rows[activations_of(type)], M, op + p * 16, N);
+    }
+  });
+#endif
+  return out;
+}
+
+}  // namespace llmopt_gguf
+
+TORCH_LIBRARY_FRAGMENT(llmopt, m) {
+  m.def("gguf_matmul", &llmopt_gguf::gguf_matmul);
+  m.def("gguf_matmul_supported", []() { return llmopt_gguf::supported(); });
+}
