@@ -65,9 +65,10 @@ template <int R>
 inline void dot_quad(__m512i (&dot)[R], __m512i w, const Rows& x, int64_t k) {
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
-    int32_t quad;
-    std::memcpy(&quad, x.a + r * x.K + k, 4);
-    dot[r] = dot_u8s8(dot[r], w, _mm512_set1_epi32(quad));
+    // The row's 4 activations broadcast by the instruction itself ({1to16}): one load-op, where a
+    // separate vpbroadcastd took an instruction of its own for every dot product.
+    const int32_t* quad = reinterpret_cast<const int32_t*>(x.a + r * x.K + k);
+    asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(dot[r]) : "v"(w), "m"(*quad));
   }
 }
 
@@ -204,13 +205,14 @@ inline __m512i select_low_nibble(__m512i nibbles, __m512i high) {  // (nibbles &
   return _mm512_ternarylogic_epi32(nibbles, high, _mm512_set1_epi8(0x0F), 0xE4);
 }
 
-// One ql word's pair (w, w + 8) decoded: its four quads with their 6-bit values.
+// One ql word's pair (w, w + 8) decoded: its four quads with their 6-bit values. The pair's words and
+// their qh word lie side by side (gguf_panels.q6_k_triples), 192 bytes a (half, word).
 struct Q6Quads {
   __m512i lo1, hi1, lo2, hi2;
 };
-inline Q6Quads q6_quads(const uint8_t* ql, const uint8_t* qh, int h, int w) {
-  const __m512i v1 = load(ql + (16 * h + w) * 64), v2 = load(ql + (16 * h + w + 8) * 64);
-  const __m512i bits = load(qh + (8 * h + w) * 64), crumbs = _mm512_set1_epi8(0x33);
+inline Q6Quads q6_quads(const uint8_t* triples, int h, int w) {
+  const uint8_t* t = triples + (8 * h + w) * 192;
+  const __m512i v1 = load(t), v2 = load(t + 64), bits = load(t + 128), crumbs = _mm512_set1_epi8(0x33);
   const __m512i a = _mm512_and_si512(bits, crumbs), b = _mm512_and_si512(_mm512_srli_epi16(bits, 2), crumbs);
   return {select_low_nibble(v1, _mm512_slli_epi16(a, 4)), select_low_nibble(_mm512_srli_epi16(v1, 4), a),
           select_low_nibble(v2, _mm512_slli_epi16(b, 4)), select_low_nibble(_mm512_srli_epi16(v2, 4), b)};
@@ -219,7 +221,7 @@ inline Q6Quads q6_quads(const uint8_t* ql, const uint8_t* qh, int h, int w) {
 template <int R>
 const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
   const __m512 d = halves(p);
-  const uint8_t *sc = p + 64, *ql = sc + 16 * 16, *qh = ql + 32 * 64;  // d, 32 bytes of padding, sc
+  const uint8_t *sc = p + 64, *triples = sc + 16 * 16;  // d, 32 bytes of padding, sc
   const int64_t k0 = sb * 256, g0 = sb * 16;
   const int starts[4] = {0, 64, 32, 96};  // of lo1, hi1, lo2, hi2 in a half, beside the word's own 16j + 4i
 #pragma GCC unroll 2
@@ -238,7 +240,7 @@ const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R
         for (auto& dot : dots) clear(dot);
 #pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
-          const Q6Quads q = q6_quads(ql, qh, h, 4 * j + i);
+          const Q6Quads q = q6_quads(triples, h, 4 * j + i);
           const __m512i quads[4] = {q.lo1, q.hi1, q.lo2, q.hi2};
           const int64_t k = k0 + 128 * h + 16 * j + 4 * i;
 #pragma GCC unroll 4
@@ -253,7 +255,7 @@ const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R
           clear(dot);
 #pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
-            const Q6Quads q = q6_quads(ql, qh, h, 4 * j + i);
+            const Q6Quads q = q6_quads(triples, h, 4 * j + i);
             const __m512i quad = t == 0 ? q.lo1 : t == 1 ? q.hi1 : t == 2 ? q.lo2 : q.hi2;
             dot_quad(dot, quad, x, k0 + 128 * h + 16 * j + 4 * i + starts[t]);
           }
@@ -261,7 +263,7 @@ const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R
         }
       }
     }
-  return qh + 16 * 64;
+  return triples + 48 * 64;
 }
 
 // Q2_K, Q3_K: 16 groups of 16; in half h, words 8h + w hold crumb j of inputs 128h + 32j + 4w..,
