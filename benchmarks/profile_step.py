@@ -6,7 +6,7 @@ scheduling, building the batch tensors, the layers' forward, the output layer, a
 stop checks, detokenizing, Python). Prints a table and writes results/profile_step.json.
 
     .venv/bin/python benchmarks/profile_step.py [--requests 64] [--concurrency 16] [--prompt-len 128]
-        [--output-len 64]
+        [--output-len 64] [--model FILE.gguf]
 
 --python-layers runs decode steps through the per-layer Python path instead of the one compiled call
 (decode_layers), to measure what that call saves.
@@ -22,6 +22,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from harness import CorpusCursor, MachineLoad
 from rich.console import Console
@@ -174,6 +175,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--python-layers", action="store_true", help="decode through the per-layer path")
+    ap.add_argument("--model", default=None, help="a .gguf or folder (default: the bundled model)")
     args = ap.parse_args()
     if min(args.requests, args.concurrency, args.prompt_len, args.output_len) < 1:
         ap.error("every count must be at least 1")
@@ -184,7 +186,7 @@ def main() -> None:
     args = parse_args()
     console = Console(width=170)
     load = MachineLoad.begin(console)
-    engine = LLMEngine(EngineConfig(max_num_seqs=args.concurrency))
+    engine = LLMEngine(EngineConfig(args.model, max_num_seqs=args.concurrency))
     if args.python_layers:  # what the kernel tests do to compare the two paths: same kernels, op by op
         engine.runner.model.decode_weights = None
     path = "per-layer Python path" if args.python_layers else "one compiled call (decode_layers)"
@@ -198,7 +200,8 @@ def main() -> None:
     kinds = summarize_steps(steps)
     table = print_report(kinds, run, args, path, load, console)
     out = {"args": vars(args), "decode_path": path, "run": run, "kinds": kinds, "steps": steps}
-    write_result("profile_step", {**out, **load.finish(console)}, [table])
+    name = "profile_step" if args.model is None else "profile_step_" + Path(args.model).stem.replace(".", "_")
+    write_result(name, {**out, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

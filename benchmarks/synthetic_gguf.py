@@ -41,7 +41,9 @@ class Shape:
 
 
 SHAPES = {
-    "qwen2.5-7b": Shape("qwen2", 28, 3584, 18944, 28, 4, 152064, 1_000_000.0, True),
+    # Qwen2.5-7B pads its embedding to 152,064 rows; llama.cpp wants one row a token of the vocabulary
+    # copied here, so this file has 151,936.
+    "qwen2.5-7b": Shape("qwen2", 28, 3584, 18944, 28, 4, 151936, 1_000_000.0, True),
     "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 8960, 12, 2, 151936, 1_000_000.0, True),
     "qwen2.5-0.5b": Shape("qwen2", 24, 896, 4864, 14, 2, 151936, 1_000_000.0, True),
     "llama-3-8b": Shape("llama", 32, 4096, 14336, 32, 8, 128256, 500_000.0, False),
