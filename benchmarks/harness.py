@@ -6,8 +6,11 @@ tail percentile a sample is large enough for."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,7 +165,22 @@ class ServeSubject:
     served_name: str = SERVED
 
     def command(self, port: int) -> list[str]:
+        """Its command line; and, for the server about to start, a KV disk tier of its own (in the
+        environment it inherits): `llmopt serve` keeps prefix blocks on disk across restarts, so without
+        it a fresh server would start warm with what an earlier round or run left, where its peers
+        start cold (benchmarks/kv_disk_tier.py measures that warm start on purpose)."""
+        os.environ[KV_DIR_ENV] = fresh_kv_dir()
         return llmopt_serve_argv(port, [*self.args, "--served-model-name", self.served_name])
+
+
+KV_DIR_ENV = "LLMOPT_KV_DIR"  # llmopt/engine/kv_disk_store.py's; spelled out: importing it loads torch
+
+
+def fresh_kv_dir() -> str:
+    """An empty folder for one server's KV disk tier, removed when the benchmark exits."""
+    folder = tempfile.mkdtemp(prefix="llmopt-bench-kv-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 @dataclass

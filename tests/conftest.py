@@ -5,10 +5,13 @@ calibration set), each made once, on first use."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +25,12 @@ from llmopt.checkpoints import reference_folder
 from llmopt.engine.llm import LLM
 from llmopt.engines.llmopt import llmopt_serve_argv
 from llmopt.quant.quantize import QuantizeConfig, quantize
+
+# The KV disk tier is on by default and outlives its process (llmopt/engine/kv_disk_tier.py): each test
+# session has a tier of its own (every engine and `llmopt serve` it starts inherits the variable), so no
+# session is served from what an earlier one, or the user's own servers, left on disk.
+os.environ["LLMOPT_KV_DIR"] = tempfile.mkdtemp(prefix="llmopt-test-kv-")
+atexit.register(shutil.rmtree, os.environ["LLMOPT_KV_DIR"], True)
 
 # Tests that use any of these need the real model (and most a live server): `make test-fast` skips
 # them (pytest -m "not model"); `make test` runs everything.

@@ -65,6 +65,9 @@ class RequestRecord:
     prompt_tokens: int = 0
     output_tokens: int = 0
     cached_tokens: int | None = None
+    # Of cached_tokens, those the server loaded from a disk tier (llmopt serve's usage field
+    # prompt_tokens_details.disk_cached_tokens); None where the server does not say.
+    disk_cached_tokens: int | None = None
     cache_write_tokens: int = 0  # prompt tokens the server says it wrote to its cache (Anthropic's usage)
     # A later turn of a Responses API session: True when it named the previous answer
     # (previous_response_id), False when it replayed the whole history (the server refused chaining).
@@ -504,6 +507,7 @@ def apply_usage(record: RequestRecord, usage: dict) -> None:
         "prompt_tokens": usage.get("prompt_tokens"),
         "completion_tokens": usage.get("completion_tokens"),
         "cached_tokens": details.get("cached_tokens"),
+        "disk_cached_tokens": details.get("disk_cached_tokens"),
     }
     for name, value in counts.items():
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
@@ -511,6 +515,7 @@ def apply_usage(record: RequestRecord, usage: dict) -> None:
     if counts["prompt_tokens"] is not None:
         record.prompt_tokens = counts["prompt_tokens"]
     record.cached_tokens = counts["cached_tokens"]
+    record.disk_cached_tokens = counts["disk_cached_tokens"]
     if counts["completion_tokens"] is not None:  # else fill_counts counts it
         record.output_tokens = counts["completion_tokens"]
     written = details.get("cache_write_tokens")

@@ -126,10 +126,13 @@ def chat_usage(usage: object) -> dict | None:
     """Responses usage in chat's shape, which the bench's records read."""
     if not isinstance(usage, dict):
         return None
-    details = usage.get("input_tokens_details") or {}
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    details = usage.get("input_tokens_details")
+    details = details if isinstance(details, dict) else {}
     return {
         "prompt_tokens": usage.get("input_tokens"),
         "completion_tokens": usage.get("output_tokens"),
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {
+            "cached_tokens": details.get("cached_tokens"),
+            "disk_cached_tokens": details.get("disk_cached_tokens"),  # llmopt serve's disk tier
+        },
     }

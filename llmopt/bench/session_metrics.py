@@ -1,6 +1,8 @@
 """Summary statistics of a multi-turn point, from its records (each carries its session and turn): per
 turn index, TTFT and E2E and the share of the prompt the server's prefix cache served
-(usage.prompt_tokens_details.cached_tokens over prompt_tokens); per session, the conversation latency
+(usage.prompt_tokens_details.cached_tokens over prompt_tokens), and TTFT split by where most of each
+turn's prompt came from: the server's prefix cache in RAM, its disk tier (llmopt serve's
+prompt_tokens_details.disk_cached_tokens), or computed again; per session, the conversation latency
 (its first turn sent -> its last answer's last byte, think time included) and how many sessions ran
 every turn; and turns per second over the point's wall time."""
 
@@ -17,6 +19,46 @@ def cached_fraction(records: list[RequestRecord]) -> float | None:
     return told.cached_tokens / told.prompt_tokens if told.prompt_tokens else None
 
 
+PREFIX_SOURCES = ("ram", "disk", "computed")
+
+
+def prefix_source(record: RequestRecord) -> str | None:
+    """Where most of a turn's prompt came from: "ram" (the prefix cache's blocks in memory), "disk" (a
+    disk tier's) or "computed" (prefilled); None where the server did not say what it cached."""
+    if record.cached_tokens is None:
+        return None
+    disk = record.disk_cached_tokens or 0
+    shares = {
+        "ram": record.cached_tokens - disk,
+        "disk": disk,
+        "computed": record.prompt_tokens - record.cached_tokens,
+    }
+    return max(PREFIX_SOURCES, key=lambda source: shares[source])  # a tie goes to the first
+
+
+def by_prefix_source(records: list[RequestRecord], percentiles: tuple[float, ...]) -> dict[str, dict]:
+    """{source: {"turns": n, "ttft_ms": distribution}} of the sources some turn came from."""
+    split: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if (source := prefix_source(r)) is not None:
+            split.setdefault(source, []).append(r)
+    return {
+        source: {
+            "turns": len(split[source]),
+            "ttft_ms": distribution([r.ttft for r in split[source]], percentiles),
+        }
+        for source in PREFIX_SOURCES
+        if source in split
+    }
+
+
+def disk_fraction(records: list[RequestRecord]) -> float | None:
+    """Prompt tokens loaded from the server's disk tier over prompt tokens (None where no server said)."""
+    told = [r for r in records if r.disk_cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in told)
+    return sum(r.disk_cached_tokens for r in told) / prompt if told and prompt else None
+
+
 def per_turn(records: list[RequestRecord], percentiles: tuple[float, ...]) -> list[dict]:
     out = []
     for k in sorted({r.turn for r in records if r.turn is not None}):
@@ -29,7 +71,9 @@ def per_turn(records: list[RequestRecord], percentiles: tuple[float, ...]) -> li
                 "successful": len(ok),
                 "prompt_tokens_mean": sum(r.prompt_tokens for r in ok) / len(ok) if ok else None,
                 "cached_fraction": cached_fraction(ok),
+                "disk_cached_fraction": disk_fraction(ok),
                 "ttft_ms": distribution([r.ttft for r in ok], percentiles),
+                "ttft_by_prefix": by_prefix_source(ok, percentiles),
                 "e2e_ms": distribution([r.e2e for r in ok], percentiles),
             }
         )

@@ -19,7 +19,7 @@ from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunD
 from llmopt.bench.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
 from llmopt.cli.options import console, fail
-from llmopt.cli.render import client_warning, natural_width, results_table
+from llmopt.cli.render import client_warning, natural_width, results_table, turns_table
 from llmopt.report.machine_cost import cost_source_lines
 
 
@@ -78,6 +78,8 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
         wide.print(table)
         for line in cost_source_lines(points):  # why a CPU or energy cell reads "-"
             wide.print(line, style="dim", markup=False)
+        if (turns := turns_table(points)) is not None:
+            wide.print(turns)
         # Imported here: the report pulls in matplotlib, which every other command would pay for.
         from llmopt.report.html import write_report
 

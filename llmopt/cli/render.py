@@ -18,7 +18,7 @@ from llmopt.report.cost_format import (
     price_terms,
     run_bill_title,
 )
-from llmopt.report.format import point_columns
+from llmopt.report.format import fmt, point_columns
 
 if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only by `llmopt quantize`
     from llmopt.cost.break_even import BreakEven
@@ -39,6 +39,58 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
         table.add_column(col.title(percentile), justify="left" if col.left else "right")
     for p in points:
         table.add_row(*(col.cell(p, percentile) for col in columns))
+    return table
+
+
+# Where most of a turn's prompt came from (bench/session_metrics.py's prefix sources), as headed here.
+PREFIX_COLUMNS = (
+    ("ram", "TTFT, prefix in RAM"),
+    ("disk", "TTFT, prefix from disk"),
+    ("computed", "TTFT, recomputed"),
+)
+
+
+def turns_table(points: list[dict]) -> Table | None:
+    """Multi-turn points turn by turn: the prompt's cached share and its part from a disk tier, TTFT,
+    and the median TTFT of the turns whose prompt came mostly from the prefix cache in RAM, from its disk
+    tier, or was computed again (how many such turns in brackets); None without a multi-turn point."""
+    rows = []
+    for p in points:
+        for t in p.get("turns") or []:
+            split = t.get("ttft_by_prefix") or {}
+            cells = [
+                f"{s['ttft_ms']['median']:,.0f} ms ({s['turns']})" if (s := split.get(k)) else "-"
+                for k, _ in PREFIX_COLUMNS
+            ]
+            cached, disk = t.get("cached_fraction"), t.get("disk_cached_fraction")
+            rows.append(
+                [
+                    p.get("key", "-"),
+                    str(t["turn"]),
+                    str(t["successful"]),
+                    fmt(t["prompt_tokens_mean"], 0),
+                    "-" if cached is None else f"{cached:.0%}",
+                    "-" if disk is None else f"{disk:.0%}",
+                    f"{fmt(t['ttft_ms']['median'], 0)} ms",
+                    *cells,
+                ]
+            )
+    if not rows:
+        return None
+    table = Table(title="turns: TTFT by where the prefix came from (median, turns in brackets)")
+    for header in (
+        "point",
+        "turn",
+        "ok",
+        "prompt",
+        "cached",
+        "from disk",
+        "TTFT med",
+        *(h for _, h in PREFIX_COLUMNS),
+    ):
+        table.add_column(header, justify="left" if header == "point" else "right")
+    for row in rows:
+        table.add_row(*row)
     return table
 
 

@@ -19,6 +19,11 @@ LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized at load, a sca
 PARALLEL_HELP = "--engine vllm only, passed through"
 NO_LOG_HELP = "no access-log line per request"
 NO_ADMIN_HELP = "leave out /reset_prefix_cache"
+KV_MEMORY_HELP = "KV pool memory; default: a quarter of what is free after the weights"
+KV_DISK_HELP = (
+    "GB of prefix-cache blocks kept on disk (under $LLMOPT_CACHE/kv): evicted ones are written, and read "
+    "back instead of recomputed; default: 10 % of the free disk, at most 20; 0: off"
+)
 D = ServeOptions  # each flag's default is the option's: D.port is 8000
 
 
@@ -39,14 +44,12 @@ def serve(
     num_kv_blocks: Annotated[
         int | None, typer.Option(help="KV pool size; default from --kv-cache-memory-gb")
     ] = D.num_kv_blocks,
-    kv_cache_memory_gb: Annotated[
-        float | None,
-        typer.Option(help="KV pool memory; default: a quarter of what is free after the weights"),
-    ] = D.kv_cache_memory_gb,
+    kv_cache_memory_gb: Annotated[float | None, typer.Option(help=KV_MEMORY_HELP)] = D.kv_cache_memory_gb,
     kv_cache_dtype: Annotated[
         str, typer.Option(help="auto (the model's dtype) or int8: ~3.8x the KV blocks in the same memory")
     ] = D.kv_cache_dtype,
     enable_prefix_caching: bool = D.enable_prefix_caching,
+    kv_disk_gb: Annotated[float | None, typer.Option(help=KV_DISK_HELP)] = D.kv_disk_gb,
     inflight_prefix_sharing: Annotated[bool, typer.Option(help=SHARING_HELP)] = D.inflight_prefix_sharing,
     max_model_len: int | None = D.max_model_len,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = D.dtype,

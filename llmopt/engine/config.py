@@ -27,6 +27,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's max_position_embeddings, capped at 8192
     enable_prefix_caching: bool = True
+    # The prefix cache's second tier on local disk, under $LLMOPT_CACHE/kv (engine/kv_disk_tier.py), in
+    # GB: None = 10 % of the disk free there, at most 20 GB; 0 = off.
+    kv_disk_gb: float | None = None
     # A request whose prefix another is computing right now waits for those blocks instead of computing
     # them too (moot without prefix caching).
     inflight_prefix_sharing: bool = True
@@ -45,6 +48,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks must be at least 1")
         if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ValueError("kv_cache_memory_gb must be more than 0")
+        if self.kv_disk_gb is not None and not self.kv_disk_gb >= 0:
+            raise ValueError("kv_disk_gb must be 0 (off) or more")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, not {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

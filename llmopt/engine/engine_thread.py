@@ -122,3 +122,7 @@ class EngineThread:
                 break
         engine.abort_all()
         self._run_calls()  # what was asked before the end still gets its answer
+        try:
+            engine.close()  # the prefix cache's blocks to the disk tier, for the next start
+        except Exception:  # a tier that cannot be written is no reason for the stop to fail
+            log.exception("the KV disk tier could not be closed")

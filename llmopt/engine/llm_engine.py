@@ -18,6 +18,7 @@ from llmopt.checkpoints import is_gguf, load_tokenizer, resolve_model
 from llmopt.engine.block_manager import BlockManager
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.detokenizer import IncrementalDetokenizer
+from llmopt.engine.kv_disk_tier import KVDiskTier
 from llmopt.engine.logits_processing import PreparedLogits, SeqRows, batch_rows, prepare_logits, score_prompt
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.models.model_config import read_model_config
@@ -57,11 +58,13 @@ class LLMEngine:
         model_max = int(getattr(read_model_config(self.checkpoint), "max_position_embeddings", 8192))
         self.max_model_len = min(config.max_model_len or min(model_max, 8192), model_max)
         self.runner = ModelRunner(config, self.checkpoint, self.max_model_len)
+        self.disk_tier = KVDiskTier.open(config, self.checkpoint, self.runner.kv_cache, self.runner.dtype)
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks,
             config.block_size,
             config.enable_prefix_caching,
             config.inflight_prefix_sharing,
+            self.disk_tier,
         )
         self.scheduler = Scheduler(config, self.block_manager)
         self.eos_token_ids = self._eos_token_ids()
@@ -75,6 +78,8 @@ class LLMEngine:
         )
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size, sorted(self.eos_token_ids))
         self.step_log = StepLog()
+        if self.disk_tier is not None:  # its restores are weighed against the prefills steps measure
+            self.step_log.step_observers.append(self.disk_tier.cost.observe_step)
         self.outputs = OutputBuilder(
             self.scheduler, self.step_log, self.eos_token_ids, self.max_model_len, self.speculator.release
         )
@@ -92,7 +97,18 @@ class LLMEngine:
         bm = self.block_manager
         assert not self.outputs.requests and bm.num_used_blocks == 0, "warm up before any request"
         assert not bm.hash_to_block_id, "warm up before the prefix cache holds anything: it writes blocks 0.."
-        self.runner.warm_up(min(WARM_UP_TOKENS, self.config.max_num_batched_tokens, self.max_model_len - 1))
+        num_tokens = min(WARM_UP_TOKENS, self.config.max_num_batched_tokens, self.max_model_len - 1)
+        start = time.perf_counter()
+        self.runner.warm_up(num_tokens)
+        if self.disk_tier is not None:  # a first prefill rate, before any step has measured one
+            self.disk_tier.cost.observe_prefill(num_tokens, time.perf_counter() - start)
+
+    def close(self) -> None:
+        """Write the prefix cache's blocks out to the disk tier, if there is one, and leave it: what a
+        stop does, so that a restart finds them (call it where steps run, after the last)."""
+        if self.disk_tier is not None and self.block_manager.disk is not None:
+            self.disk_tier.close(self.block_manager.cached_blocks())
+            self.block_manager.disk = None
 
     def _eos_token_ids(self) -> set[int]:
         if is_gguf(self.checkpoint):  # what llama.cpp stops on, from the file's vocabulary
@@ -203,9 +219,13 @@ class LLMEngine:
         What it computed and cost goes to the step log (step_log.py)."""
         counters = self.outputs.counters
         start, cpu, generated = time.perf_counter(), time.thread_time(), counters.generation_tokens
+        tiers = self._tier_counts()
         outputs, batch, schedule_s, forward_s = self._step()
         if batch.seqs:
             prefill = [n for n in batch.num_new_tokens if n > 1]
+            cached, disk, read, write_blocks, write_bytes = (
+                b - a for a, b in zip(tiers, self._tier_counts())
+            )
             record = StepRecord(
                 start=start,
                 duration_s=time.perf_counter() - start,
@@ -219,9 +239,23 @@ class LLMEngine:
                 generated_tokens=counters.generation_tokens - generated,
                 num_running=len(self.scheduler.running),
                 num_waiting=self.num_waiting(),
+                cached_tokens=cached,
+                disk_hit_tokens=disk,
+                disk_read_bytes=read,
+                disk_write_blocks=write_blocks,
+                disk_write_bytes=write_bytes,
             )
             self.step_log.step(record)
         return outputs
+
+    def _tier_counts(self) -> tuple[int, int, int, int, int]:
+        """Prompt tokens served from the prefix cache (both tiers), from disk, bytes read from disk, and
+        blocks and bytes queued for writing, so far."""
+        bm, tier = self.block_manager, self.disk_tier
+        if tier is None:
+            return bm.prefix_cache_hits, 0, 0, 0, 0
+        t = tier.stats
+        return bm.prefix_cache_hits, bm.prefix_cache_disk_hits, t.bytes_read, t.blocks_queued, t.bytes_queued
 
     @torch.inference_mode()
     def _step(self) -> tuple[list[RequestOutput], ScheduledBatch, float, float]:
@@ -320,6 +354,7 @@ class LLMEngine:
             kv_blocks_total=bm.num_blocks,
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
+            prefix_cache_disk_hits=bm.prefix_cache_disk_hits,
             num_preemptions=self.scheduler.num_preemptions,
             prompt_tokens=counters.prompt_tokens,
             generation_tokens=counters.generation_tokens,
@@ -331,6 +366,7 @@ class LLMEngine:
             spec_acceptance_by_position=spec.acceptance_by_position(),
             spec_mean_acceptance_length=spec.mean_acceptance_length,
             decode_weight_bytes=self.runner.decode_weight_bytes,
+            kv_disk=None if self.disk_tier is None else self.disk_tier.snapshot(),
         )
 
 

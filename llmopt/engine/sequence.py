@@ -35,6 +35,7 @@ class Sequence:
         # Chained hashes of its full token blocks, whether cached or not (BlockManager.hashes' memo: a
         # waiting sequence is looked up every step, and its tokens only grow, or are cut at a stop).
         self.prefix_hashes: list[int] = []
+        self.prefix_digests: list[bytes] = []  # the same blocks' disk-tier names (BlockManager.digests)
         self.num_computed_tokens = 0  # tokens whose KV is in the cache
         self.spec_token_ids: list[int] = []  # proposed tokens this step verifies (speculative decoding)
         self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled
@@ -46,6 +47,7 @@ class Sequence:
         self.spec_skip = 0
         self.spec_accepted_ema: float | None = None  # recent accepted tokens per proposal
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        self.num_disk_cached_tokens = 0  # of those, loaded from its disk tier
         self.num_preemptions = 0
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
         self.generator: torch.Generator | None = None

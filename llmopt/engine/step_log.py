@@ -3,10 +3,12 @@ where serving time goes.
 
 Per step (a `StepRecord`): its duration and the engine thread's CPU time in it (far below the duration:
 the thread waited for the GIL or for cores), the time it sat idle since the previous step ended (no
-work, or its thread busy elsewhere), the prefill tokens and decode rows it computed. Per request (a
-`RequestTrace`, at its end): prompt length, prefix-cache hit, time queued before its first step, time
-to first token. Both go to the DEBUG log (logger `llmopt.engine.step_log`), to observers (benchmarks),
-and, where LLMOPT_STEP_TRACE names a file, to that file as JSON lines. Every `interval_s` an INFO line
+work, or its thread busy elsewhere), the prefill tokens and decode rows it computed, the prompt tokens
+its admissions took from the prefix cache (from RAM or the disk tier) and the disk tier's traffic (bytes
+loaded, blocks evicted to be written). Per request (a `RequestTrace`, at its end): prompt length,
+prefix-cache hit (and its part from disk), time queued before its first step, time to first token.
+Both go to the DEBUG log (logger `llmopt.engine.step_log`), to observers (benchmarks), and, where
+LLMOPT_STEP_TRACE names a file, to that file as JSON lines. Every `interval_s` an INFO line
 sums them up, as vLLM's periodic stats line does: throughput, prefix-cache hit rate, busy share.
 """
 
@@ -38,18 +40,24 @@ class StepRecord:
     generated_tokens: int
     num_running: int
     num_waiting: int
+    cached_tokens: int = 0  # prompt tokens of the sequences it admitted, from the prefix cache (both tiers)
+    disk_hit_tokens: int = 0  # of those, loaded from the disk tier
+    disk_read_bytes: int = 0
+    disk_write_blocks: int = 0  # evicted cached blocks copied out for the disk tier's writer
+    disk_write_bytes: int = 0
 
 
 @dataclass
 class RequestTrace:
     request_id: str
     prompt_tokens: int
-    cached_tokens: int  # of the prompt, from the prefix cache
+    cached_tokens: int  # of the prompt, from the prefix cache (both tiers)
     output_tokens: int
     queue_s: float | None  # arrival to its first scheduled step (None: never scheduled)
     ttft_s: float | None
     e2e_s: float
     finish_reason: str | None
+    disk_cached_tokens: int = 0  # of cached_tokens, loaded from the disk tier
 
 
 @dataclass
@@ -64,6 +72,10 @@ class Interval:
     requests: int = 0
     prompt_seen: int = 0  # prompt tokens of the finished requests, and of those the cache served
     prompt_cached: int = 0
+    prompt_from_disk: int = 0  # of prompt_cached, from the disk tier
+    disk_read_bytes: int = 0
+    disk_write_blocks: int = 0
+    disk_write_bytes: int = 0
 
 
 class StepLog:
@@ -85,6 +97,9 @@ class StepLog:
         i.steps += 1
         i.prompt_tokens += record.prefill_tokens
         i.generated_tokens += record.generated_tokens
+        i.disk_read_bytes += record.disk_read_bytes
+        i.disk_write_blocks += record.disk_write_blocks
+        i.disk_write_bytes += record.disk_write_bytes
         for observer in self.step_observers:
             observer(record)
         self.write("step", record)
@@ -105,6 +120,7 @@ class StepLog:
         self.interval.requests += 1
         self.interval.prompt_seen += trace.prompt_tokens
         self.interval.prompt_cached += trace.cached_tokens
+        self.interval.prompt_from_disk += trace.disk_cached_tokens
         for observer in self.request_observers:
             observer(trace)
         self.write("request", trace)
@@ -117,6 +133,12 @@ class StepLog:
         i, now = self.interval, self.last_step_end or time.perf_counter()
         span = max(now - i.start, 1e-9)
         hit = f"{100 * i.prompt_cached / i.prompt_seen:.1f} %" if i.prompt_seen else "-"
+        if i.prompt_from_disk or i.disk_read_bytes or i.disk_write_blocks:
+            hit += (
+                f" ({100 * i.prompt_from_disk / max(i.prompt_seen, 1):.1f} % from disk; KV disk: "
+                f"{i.disk_read_bytes / 2**20:.0f} MiB read, {i.disk_write_blocks} blocks evicted to it, "
+                f"{i.disk_write_bytes / 2**20:.0f} MiB)"
+            )
         log.info(
             "engine: %.1f prompt tok/s, %.1f generation tok/s, busy %.0f %%, %d steps, %d running, "
             "%d waiting, prefix cache hit rate %s (%d requests finished)",

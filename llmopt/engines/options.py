@@ -60,6 +60,7 @@ class ServeOptions:
     inflight_prefix_sharing: bool = engine_option("inflight_prefix_sharing")
     kv_cache_dtype: str = engine_option("kv_cache_dtype")  # llmopt's "int8"; peers: not translated
     lm_head_dtype: str = engine_option("lm_head_dtype")  # llmopt's int8 output layer
+    kv_disk_gb: float | None = engine_option("kv_disk_gb")  # llmopt's KV disk tier (engine/kv_disk_tier.py)
     disable_log_requests: bool = option(False, API)  # vLLM's name: no access-log line per request
     # No /reset_prefix_cache: anyone holding the key could otherwise flush every session's cached prefix
     # (vLLM serves it only in its development mode).

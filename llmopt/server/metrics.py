@@ -99,6 +99,44 @@ def engine_values(s: EngineStats) -> list[tuple]:
     ]
 
 
+def disk_tier_values(s: EngineStats) -> list[tuple]:
+    """(metric family, name, help, value) of the prefix cache's two tiers and the KV disk tier's traffic
+    (zeros without a tier), llmopt's names only (engine/kv_disk_tier.py)."""
+    d = s.kv_disk
+    ram_hits = s.prefix_cache_hits - s.prefix_cache_disk_hits
+    counters = [
+        ("prefix_cache_ram_hits", "Prompt tokens served from the prefix cache's blocks in RAM.", ram_hits),
+        ("prefix_cache_disk_hits", "Prompt tokens loaded from the KV disk tier.", s.prefix_cache_disk_hits),
+        (
+            "kv_disk_blocks_written",
+            "KV blocks evicted from the pool and written to disk.",
+            d and d.blocks_written,
+        ),
+        ("kv_disk_bytes_written", "Bytes of KV blocks written to disk.", d and d.bytes_written),
+        ("kv_disk_blocks_read", "KV blocks loaded from disk into the pool.", d and d.blocks_read),
+        ("kv_disk_bytes_read", "Bytes of KV blocks loaded from disk.", d and d.bytes_read),
+        ("kv_disk_blocks_missed", "Block files torn or corrupted: computed instead.", d and d.blocks_missed),
+        (
+            "kv_disk_blocks_skipped",
+            "Blocks on disk computed instead, reading measured slower than prefill.",
+            d and d.blocks_skipped,
+        ),
+        (
+            "kv_disk_writes_dropped",
+            "Evicted blocks not written: the writer was behind.",
+            d and d.writes_dropped,
+        ),
+    ]
+    gauges = [
+        ("kv_disk_blocks", "KV blocks of this model on disk.", d and d.blocks),
+        ("kv_disk_usage_bytes", "Bytes the KV disk tier's folder holds.", d and d.bytes_used),
+        ("kv_disk_budget_bytes", "The KV disk tier's bound (--kv-disk-gb); 0: off.", d and d.budget_bytes),
+    ]
+    return [(CounterMetricFamily, name, doc, value or 0) for name, doc, value in counters] + [
+        (GaugeMetricFamily, name, doc, value or 0) for name, doc, value in gauges
+    ]
+
+
 class EngineCollector:
     def __init__(self, engine: LLMEngine, model_name: str):
         self.engine = engine
@@ -114,10 +152,11 @@ class EngineCollector:
 
     def collect(self):
         s = self.engine.stats()
-        values = engine_values(s)
-        for kind, name, doc, value in values:
+        for kind, name, doc, value in engine_values(s):
             for prefix in PREFIXES if name not in LLMOPT_ONLY else PREFIXES[:1]:
                 yield self.family(kind, prefix, name, doc, value)
+        for kind, name, doc, value in disk_tier_values(s):
+            yield self.family(kind, PREFIXES[0], name, doc, value)
         usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
         yield self.family(GaugeMetricFamily, "vllm", "kv_cache_usage_perc", "KV cache usage (0-1).", usage)
         by_position = GaugeMetricFamily(

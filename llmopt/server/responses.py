@@ -32,7 +32,10 @@ class ResponseUsage:
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    cached_tokens: int = 0  # from the prefix cache, either tier
+    # Of cached_tokens, loaded from the KV disk tier (llmopt's own field beside OpenAI's cached_tokens:
+    # clients that do not know it ignore it; `llmopt bench` splits TTFT by it).
+    disk_cached_tokens: int = 0
 
     def add(self, output: RequestOutput, index: int, n_per_prompt: int) -> None:
         if not output.finished:  # only a request's last output carries its totals
@@ -41,13 +44,17 @@ class ResponseUsage:
         if index % n_per_prompt == 0:
             self.prompt_tokens += output.prompt_tokens
             self.cached_tokens += output.cached_tokens
+            self.disk_cached_tokens += output.disk_cached_tokens
 
     def to_dict(self) -> dict:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "prompt_tokens_details": {
+                "cached_tokens": self.cached_tokens,
+                "disk_cached_tokens": self.disk_cached_tokens,
+            },
         }
 
 

@@ -87,7 +87,11 @@ class ResponseFrame:
 def usage_body(usage: ResponseUsage) -> dict:
     return {
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens, "cache_write_tokens": 0},
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_tokens,
+            "cache_write_tokens": 0,
+            "disk_cached_tokens": usage.disk_cached_tokens,
+        },
         "output_tokens": usage.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,

@@ -50,6 +50,7 @@ VLLM_REFUSED = [
     ("inflight_prefix_sharing", False),
     ("kv_cache_dtype", "int8"),  # vLLM's --kv-cache-dtype offers fp8 kinds, not int8
     ("lm_head_dtype", "int8"),
+    ("kv_disk_gb", 0.0),  # vLLM-CPU has no disk tier of its own (LMCache is GPU-only)
     ("disable_log_requests", True),  # vLLM 0.32 logs no request unless --enable-log-requests
     ("disable_admin_routes", True),
 ]
@@ -80,6 +81,7 @@ LLAMA_REFUSED = [
     ("inflight_prefix_sharing", False),
     ("kv_cache_dtype", "int8"),
     ("lm_head_dtype", "int8"),
+    ("kv_disk_gb", 0.0),  # its prompt cache lives in RAM (--cache-ram); slots are saved only by hand
     ("disable_log_requests", True),
     ("disable_admin_routes", True),
 ]
@@ -104,6 +106,7 @@ LLMOPT_FLAGS = [
     ("inflight_prefix_sharing", False, ["--no-inflight-prefix-sharing"]),
     ("kv_cache_dtype", "int8", ["--kv-cache-dtype", "int8"]),
     ("lm_head_dtype", "int8", ["--lm-head-dtype", "int8"]),
+    ("kv_disk_gb", 4.0, ["--kv-disk-gb", "4.0"]),
     ("disable_log_requests", True, ["--disable-log-requests"]),
     ("disable_admin_routes", True, ["--disable-admin-routes"]),
 ]

@@ -27,8 +27,10 @@ from llmopt.server.responses import (
 )
 
 
-def finished(prompt: int, output: int, cached: int = 0, reason: str = "length") -> RequestOutput:
-    return RequestOutput("r", [1], "!", True, reason, prompt, output, cached)
+def finished(
+    prompt: int, output: int, cached: int = 0, reason: str = "length", disk: int = 0
+) -> RequestOutput:
+    return RequestOutput("r", [1], "!", True, reason, prompt, output, cached, disk)
 
 
 class ReplayedGroup:
@@ -55,12 +57,14 @@ def test_usage_counts_a_shared_prompt_once_and_only_finished_outputs():
     usage = ResponseUsage()
     usage.add(RequestOutput("r", [1], "a", False, prompt_tokens=9, output_tokens=9), 0, 2)
     for index in range(4):  # two prompts (7 and 5 tokens), two choices each
-        usage.add(finished(7 if index < 2 else 5, 3, cached=4 if index < 2 else 0), index, 2)
+        usage.add(
+            finished(7 if index < 2 else 5, 3, cached=4 if index < 2 else 0, disk=4 * (index < 2)), index, 2
+        )
     assert usage.to_dict() == {
         "prompt_tokens": 12,
         "completion_tokens": 12,
         "total_tokens": 24,
-        "prompt_tokens_details": {"cached_tokens": 4},
+        "prompt_tokens_details": {"cached_tokens": 4, "disk_cached_tokens": 4},  # from the disk tier
     }
 
 
