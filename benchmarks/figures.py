@@ -306,6 +306,13 @@ HEADLINES = [
         table=2,
     ),
     Headline(
+        figure="Qwen2.5-Coder-1.5B Q4_K_M tok/s (prompt tok/s for prefill), {workload}, llmopt (no flags)",
+        result="real_model",
+        where=lambda row: row["server"] == "llmopt" and row["workload"] != "4 streams",
+        value=cell("tok/s"),
+        ratio=ratios_to({"llama.cpp": "vs llama.cpp"}),
+    ),
+    Headline(
         figure="prefill tok/s, {prompt}-token prompt, llmopt (no flags)",
         result="prefill",
         where=matching({"subject": "llmopt (no flags)"}),
