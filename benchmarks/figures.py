@@ -313,6 +313,22 @@ HEADLINES = [
         ratio=ratios_to({"llama.cpp": "vs llama.cpp"}),
     ),
     Headline(
+        figure="agent turn resumed after its prefix left the KV pool, TTFT, {subject}",
+        result="kv_disk_tier",
+        where=matching({"subject": "llmopt, disk tier"}),
+        value=cell("resumed TTFT"),
+        ratio=lambda rows: (
+            f"{rows[0]['resumed vs recompute']} vs recompute, {rows[0]['resumed vs llama.cpp']} vs llama.cpp"
+        ),
+    ),
+    Headline(
+        figure="agent turn after a server restart, TTFT, {subject}",
+        result="kv_disk_tier",
+        where=matching({"subject": "llmopt, disk tier"}),
+        value=cell("after restart TTFT"),
+        ratio=lambda rows: f"{rows[0]['restart vs recompute']} vs recompute",
+    ),
+    Headline(
         figure="prefill tok/s, {prompt}-token prompt, llmopt (no flags)",
         result="prefill",
         where=matching({"subject": "llmopt (no flags)"}),
