@@ -317,16 +317,14 @@ HEADLINES = [
         result="kv_disk_tier",
         where=matching({"subject": "llmopt, disk tier"}),
         value=cell("resumed TTFT"),
-        ratio=lambda rows: (
-            f"{rows[0]['resumed vs recompute']} vs recompute, {rows[0]['resumed vs llama.cpp']} vs llama.cpp"
-        ),
+        ratio=ratios_to({"recompute": "resumed vs recompute", "llama.cpp": "resumed vs llama.cpp"}),
     ),
     Headline(
         figure="agent turn after a server restart, TTFT, {subject}",
         result="kv_disk_tier",
         where=matching({"subject": "llmopt, disk tier"}),
         value=cell("after restart TTFT"),
-        ratio=lambda rows: f"{rows[0]['restart vs recompute']} vs recompute",
+        ratio=ratios_to({"recompute": "restart vs recompute"}),
     ),
     Headline(
         figure="prefill tok/s, {prompt}-token prompt, llmopt (no flags)",

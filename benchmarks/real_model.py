@@ -32,7 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from harness import MachineLoad, Rows, ServeSubject, peer_installed, rotated, spread, subject_names
+from harness import (
+    CorpusCursor,
+    MachineLoad,
+    Rows,
+    ServeSubject,
+    peer_installed,
+    rotated,
+    spread,
+    subject_names,
+)
 from real_models import assemble
 from rich.console import Console
 from rich.table import Table
@@ -153,8 +162,6 @@ def llama_cpp_decode_bytes(model: Path) -> int:
 
 
 def run_rounds(args: argparse.Namespace, console: Console) -> dict[str, list[dict]]:
-    from harness import CorpusCursor
-
     model, draft = assemble("qwen2.5-coder-1.5b"), assemble("qwen2.5-coder-0.5b")
     cursor = CorpusCursor(load_tokenizer(model))
     servers = subjects(args.subjects, model, draft)

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from llmopt.engine.config import EngineConfig
@@ -52,8 +53,8 @@ class KVDiskTier:
         self.store = store
         self.kv_cache = kv_cache
         self.cost = cost
-        self.block_shape = (*kv_cache.shape[:2], *kv_cache.shape[3:])
-        self.payload_bytes = math.prod(self.block_shape) * kv_cache.dtype.itemsize
+        self.block_shape = block_shape(kv_cache)
+        self.payload_bytes = payload_bytes(kv_cache)
         self.stats = TierStats()
         self.closed = False
 
@@ -67,11 +68,11 @@ class KVDiskTier:
             "compute_dtype": str(compute_dtype),
             "kv_dtype": str(kv_cache.dtype),
             "kv_cache_dtype": config.kv_cache_dtype,
-            "block": [kv_cache.shape[0], kv_cache.shape[1], *kv_cache.shape[3:]],
+            "block": list(block_shape(kv_cache)),
         }
-        payload = math.prod(kv_cache.shape[:2]) * math.prod(kv_cache.shape[3:]) * kv_cache.dtype.itemsize
         try:
             folder = folder_name(model_identity(checkpoint), parts)
+            payload = payload_bytes(kv_cache)
             store = KVDiskStore(tier_root(), folder, config.kv_disk_gb, config.block_size, payload)
             cost = RestoreCost(config.block_size, store.probe_read_s())
         except OSError as exc:
@@ -93,10 +94,13 @@ class KVDiskTier:
         """A cached block is about to be overwritten: copy it out for writing (unless it is on disk)."""
         if digest in self.store:
             return
-        values = self.kv_cache[:, :, block_id].clone()
-        if self.store.put(digest, token_ids, values.view(torch.uint8).reshape(-1).numpy()):
+        if self.store.put(digest, token_ids, self.copy_out(block_id)):
             self.stats.blocks_queued += 1
             self.stats.bytes_queued += self.payload_bytes
+
+    def copy_out(self, block_id: int) -> np.ndarray:
+        """Block `block_id`'s values at every layer, copied out of the pool as the bytes a file holds."""
+        return self.kv_cache[:, :, block_id].clone().view(torch.uint8).reshape(-1).numpy()
 
     @property
     def holds_blocks(self) -> bool:
@@ -172,13 +176,21 @@ class KVDiskTier:
             if remaining <= 0:
                 break
             if digest not in self.store:
-                values = self.kv_cache[:, :, block_id].clone().view(torch.uint8).reshape(-1).numpy()
-                self.store.put(digest, tokens, values, wait_s=remaining)
+                self.store.put(digest, tokens, self.copy_out(block_id), wait_s=remaining)
         self.store.flush(max(0.0, deadline - time.monotonic()))
         try:
             self.cost.save(self.store.folder / COST_FILE)
         except OSError:
             pass
+
+
+def block_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
+    """One block of the pool [layers, 2, blocks, block_size, kv heads, row]: [layers, 2, block_size, ...]."""
+    return (*kv_cache.shape[:2], *kv_cache.shape[3:])
+
+
+def payload_bytes(kv_cache: torch.Tensor) -> int:
+    return math.prod(block_shape(kv_cache)) * kv_cache.dtype.itemsize
 
 
 def close_at_exit(close) -> None:
