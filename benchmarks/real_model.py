@@ -56,7 +56,7 @@ from llmopt.checkpoints import load_tokenizer
 from llmopt.gguf_file import read_gguf_file
 from results import write_result
 
-SUBJECTS = ("llmopt", "llmopt-draft", "llama.cpp", "llama.cpp-draft")
+SUBJECTS = ("llmopt", "llmopt-auto", "llmopt-draft", "llama.cpp", "llama.cpp-draft")
 DRAFT_TOKENS = 4  # tokens drafted a step, for both servers (llama.cpp's --draft-max)
 CODE_TASKS = [
     "Write a Python function that merges two sorted lists into one sorted list, with a docstring.",
@@ -78,7 +78,8 @@ class Workload:
 def subjects(names: list[str], model: Path, draft: Path) -> list[ServeSubject]:
     spec = json.dumps({"method": "draft", "model": str(draft), "num_speculative_tokens": DRAFT_TOKENS})
     args = {
-        "llmopt": [str(model)],
+        "llmopt": [str(model), "--speculative-config", "off"],
+        "llmopt-auto": [str(model), "--speculative-config", "auto"],
         "llmopt-draft": [str(model), "--speculative-config", spec],
         "llama.cpp": [str(model), "--engine", "llama.cpp"],
         "llama.cpp-draft": [str(model), "--engine", "llama.cpp", "--speculative-config", spec],
@@ -194,7 +195,7 @@ def table(rounds: dict[str, list[dict]], bandwidth: float, load: MachineLoad) ->
     )
     t.caption = load.busy
     columns = ("workload", "server", "tok/s", "spread", "TPOT ms", "bandwidth share", "vs llama.cpp")
-    columns += ("vs no draft",)
+    columns += ("vs no speculation",)
     for column in columns:
         t.add_column(column, justify="left" if column in ("workload", "server") else "right")
     loads = ["1 stream", "1 stream, code", "4 streams", "8 streams", "prefill 512", "prefill 2000"]
@@ -209,7 +210,8 @@ def table(rounds: dict[str, list[dict]], bandwidth: float, load: MachineLoad) ->
             # the weights a decode step reads over the time a token takes, against what the machine reads
             # a second (past 100 %: more than one token for one read of the weights, speculation)
             share = f"{weights / 1e6 / tpot / bandwidth:.0%}" if name.startswith("1 stream") and tpot else "-"
-            plain = median(rounds.get(label.removesuffix("-draft"), []), name, "tok_s")
+            speculating = label.endswith(("-draft", "-auto"))
+            plain = median(rounds.get(label.rsplit("-", 1)[0], []), name, "tok_s") if speculating else None
             values = [r[name]["tok_s"] for r in results if name in r]
             t.add_row(
                 name,
@@ -219,7 +221,7 @@ def table(rounds: dict[str, list[dict]], bandwidth: float, load: MachineLoad) ->
                 f"{tpot:.1f}" if tpot else "-",
                 share,
                 f"{tok_s / base:.2f}x" if base else "-",
-                f"{tok_s / plain:.2f}x" if plain and label.endswith("-draft") else "-",
+                f"{tok_s / plain:.2f}x" if plain else "-",
             )
     return t
 

@@ -272,6 +272,7 @@ class LLMEngine:
         start = time.perf_counter()
         logits = self.runner.run(batch, counts)
         forward_s = time.perf_counter() - start
+        self.speculator.record_step(batch.seqs, batch.num_new_tokens, forward_s)
         prepared = prepare_logits(
             batch.seqs, logits, [p.sample for p in places], self.eos_token_ids, self.vocab_size
         )

@@ -41,11 +41,12 @@ class Sequence:
         self.spec_draft_probs: torch.Tensor | None = None  # the draft model's distributions, when sampled
         self.spec_num_forced = 0  # how many of the proposals are tokens its grammar forces
         self.grammar: SequenceGrammar | None = None  # its structured output (set by the engine)
-        # After a proposal with nothing accepted, skip proposing for a while (doubling, up to a cap):
-        # verification costs compute, and free text rarely repeats itself for long.
-        self.spec_backoff = 0
+        # Its proposals' recent acceptance (positions accepted, positions tested) and, while they do not
+        # pay, its pause before the next probe (spec_decode/policy.py).
+        self.spec_passed = self.spec_tested = 0.0
         self.spec_skip = 0
-        self.spec_accepted_ema: float | None = None  # recent accepted tokens per proposal
+        self.spec_probe_interval = 0  # 0: the first pause's (policy.PROBE_INTERVAL)
+        self.spec_probe_due = False
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
         self.num_disk_cached_tokens = 0  # of those, loaded from its disk tier
         self.num_preemptions = 0

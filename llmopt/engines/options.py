@@ -91,9 +91,10 @@ class ServeOptions:
         ]
 
     def speculative(self) -> dict | None:
-        """`speculative_config` as a dict (a flag gives JSON text, a recipe a table)."""
+        """`speculative_config` as a dict (a flag gives JSON text, a recipe a table); None for "off" and
+        for llmopt's own "auto", which a peer meets as its own default (no speculation)."""
         value = self.speculative_config
-        if value is None or value == "":
+        if value is None or value in ("", "off", "auto"):
             return None
         if isinstance(value, str):
             try:

@@ -15,9 +15,20 @@ from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.ngram import NgramProposer
-from llmopt.engine.spec_decode.policy import ForcedAcceptance, trim_forced
+from llmopt.engine.spec_decode.policy import (
+    ForcedAcceptance,
+    ProposalAcceptance,
+    forced_offer,
+    plan,
+    proposal_room,
+    proposer_offer,
+    record_acceptance,
+    settle,
+)
+from llmopt.engine.spec_decode.step_cost import StepCost
 from llmopt.engine.spec_decode.verify import verify
 from tests.conftest import PROMPTS
+from tests.engine.free_rows import verifying_everything
 
 # Prompts whose continuations repeat what came before, so that n-gram lookups find proposals.
 REPETITIVE = [
@@ -73,6 +84,7 @@ def test_ngram_greedy_equals_transformers(model_dir, hf_greedy, k):
     llm = LLM(
         str(model_dir), num_kv_blocks=256, speculative_config={"method": "ngram", "num_speculative_tokens": k}
     )
+    verifying_everything(llm)
     check_equal(llm, hf_greedy, REPETITIVE + PROMPTS[:4], 32)
     stats = llm.engine.stats()
     assert stats.spec_drafts > 0 and stats.spec_accepted_tokens > 0
@@ -101,6 +113,7 @@ def test_draft_model_greedy_equals_transformers(model_dir, hf_greedy, tiny_draft
         num_kv_blocks=256,
         speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": k},
     )
+    verifying_everything(llm)
     check_equal(llm, hf_greedy, REPETITIVE[:2] + PROMPTS[:4], 24)
     assert llm.engine.stats().spec_drafts > 0
     assert not llm.engine.proposer.states, "finished requests release their draft KV blocks"
@@ -114,6 +127,7 @@ def test_the_target_as_its_own_draft_accepts_everything(model_dir, hf_greedy):
         num_kv_blocks=256,
         speculative_config={"method": "draft", "model": str(model_dir), "num_speculative_tokens": 3},
     )
+    verifying_everything(llm)  # a draft as costly as the target never pays: the policy would not propose
     check_equal(llm, hf_greedy, PROMPTS[:3], 20)
     stats = llm.engine.stats()
     assert stats.spec_accepted_tokens == stats.spec_draft_tokens > 0  # all accepted, bonus every step
@@ -220,7 +234,9 @@ def test_sampled_outputs_agree_with_and_without_speculation(model_dir, tmp_path,
     prompt = order + order  # every token has an earlier occurrence: one-token lookups always propose
 
     def copy_rate(spec) -> float:
-        llm = LLM(str(folder), num_kv_blocks=2048, max_num_seqs=64, speculative_config=spec)
+        llm = verifying_everything(
+            LLM(str(folder), num_kv_blocks=2048, max_num_seqs=64, speculative_config=spec)
+        )
         params = [SamplingParams(max_tokens=3, temperature=1.0, seed=s, ignore_eos=True) for s in range(1000)]
         outs = llm.generate([prompt] * 1000, params)
         return float(np.mean([follows.get(o.token_ids[0]) == o.token_ids[1] for o in outs]))
@@ -240,6 +256,7 @@ def test_an_int4_copy_of_the_target_as_draft_equals_transformers(model_dir, hf_g
         num_kv_blocks=256,
         speculative_config={"method": "draft", "model": str(gptq_dir), "num_speculative_tokens": 3},
     )
+    verifying_everything(llm)
     proposer = llm.engine.proposer
     propose = proposer.propose
     catch_up: list[set[int]] = []  # per draft batch: tokens each known sequence's draft is behind
@@ -275,14 +292,106 @@ def measured_acceptance() -> ForcedAcceptance:
     return acceptance
 
 
+def trimmed(seqs: list[Sequence], acceptance: ForcedAcceptance, cost: StepCost | None = None) -> None:
+    offers = [forced_offer(s, acceptance) for s in seqs]
+    plan(offers, len(seqs), cost or StepCost())
+    for offer in offers:
+        settle(offer)
+
+
 def test_forced_proposals_are_kept_where_rows_are_cheap_and_cut_where_the_batch_is_arithmetic_bound():
     [alone] = forced_seqs(1, 6)
-    trim_forced([alone], measured_acceptance())
+    trimmed([alone], measured_acceptance())
     assert alone.spec_token_ids == list(range(10, 16)) and alone.spec_num_forced == 6
     batch = forced_seqs(8, 6)
-    trim_forced(batch, measured_acceptance())
+    trimmed(batch, measured_acceptance())
     assert [len(s.spec_token_ids) for s in batch] == [2] * 8  # the positions accepted 80 % and more
     assert all(s.spec_num_forced == 2 and s.spec_token_ids == [10, 11] for s in batch)
     fresh = forced_seqs(8, 6)
-    trim_forced(fresh, ForcedAcceptance())  # nothing verified yet: proposals are taken as accepted
+    trimmed(fresh, ForcedAcceptance())  # nothing verified yet: proposals are taken as accepted
     assert all(len(s.spec_token_ids) == 6 for s in fresh)
+
+
+# ---- how many proposed tokens a step verifies ---------------------------------------------------------
+
+
+def decoding_seq(name: str = "r0") -> Sequence:
+    seq = Sequence(name, [1, 2, 3], SamplingParams(max_tokens=64), seed=0)
+    seq.num_computed_tokens = len(seq) - 1
+    return seq
+
+
+def measured(seconds_by_rows: dict[int, float], draft_seconds: float = 0.0) -> StepCost:
+    return StepCost(dict(seconds_by_rows), draft_seconds)
+
+
+# Qwen2.5-Coder-1.5B Q4_K_M here: a one-row step reads the weights (37 ms); each more row adds ~8 ms of
+# int8 arithmetic; a step of the 0.5B draft takes ~13 ms.
+QWEN_15B = {1: 0.037, 2: 0.045, 5: 0.070, 8: 0.095}
+
+
+def planned(offers, decoding_rows: int, cost: StepCost) -> list[int]:
+    plan(offers, decoding_rows, cost)
+    return [o.taken for o in offers]
+
+
+def test_the_plan_takes_free_proposals_deep_and_weighs_drafted_ones_against_the_draft_steps():
+    engine_rate = ProposalAcceptance(passed=8, tested=10)  # 80 % accepted after the one before
+    lookup = proposer_offer(decoding_seq(), 7, engine_rate, drafted=False)
+    assert planned([lookup], 1, measured(QWEN_15B)) == [4]  # 0.8, 0.64, 0.51, 0.41 each beat ~0.2 a row
+    drafted = proposer_offer(decoding_seq(), 4, engine_rate, drafted=True)
+    # The second position's 0.64 tokens would cost a row and a draft step: 30.8 against 31.0 tokens/s.
+    assert planned([drafted], 1, measured(QWEN_15B, draft_seconds=0.013)) == [1]
+    poor = proposer_offer(decoding_seq(), 4, ProposalAcceptance(passed=3, tested=10), drafted=True)
+    assert planned([poor], 1, measured(QWEN_15B, draft_seconds=0.013)) == [0]
+    batch = [proposer_offer(decoding_seq(f"r{i}"), 7, engine_rate, drafted=False) for i in range(8)]
+    assert planned(batch, 8, measured(QWEN_15B)) == [1] * 8  # 8 rows: arithmetic-bound, only the likeliest
+
+
+def test_a_sequence_whose_lookups_fail_probes_ever_more_rarely_and_resumes_when_they_pay():
+    seq, engine_rate, cost = decoding_seq(), ProposalAcceptance(), measured(QWEN_15B)
+    verified = []
+    for step in range(2000):
+        if room := proposal_room(seq, 4, 4096):
+            offer = proposer_offer(seq, room, engine_rate, drafted=False)
+            plan([offer], 1, cost)
+            if taken := settle(offer):
+                verified.append(step)
+                record_acceptance(seq, taken, 0)
+                engine_rate.record(taken, 0)
+    gaps = np.diff(verified)
+    assert len(verified) < 20 and list(gaps) == sorted(gaps) and gaps[-1] >= 128, verified
+    for _ in range(3):  # its text turns repetitive: probes are accepted, and it proposes every step again
+        while not (room := proposal_room(seq, 4, 4096)):
+            pass
+        offer = proposer_offer(seq, room, engine_rate, drafted=False)
+        plan([offer], 1, cost)
+        record_acceptance(seq, settle(offer), 1)
+    assert seq.spec_skip == 0 and not seq.spec_probe_due
+
+
+def test_a_draft_that_does_not_pay_stops_for_the_rest_of_the_request():
+    """Resuming would cost the draft a prefill of every token since: no probes."""
+    seq = decoding_seq()
+    offer = proposer_offer(seq, 4, ProposalAcceptance(passed=3, tested=10), drafted=True)
+    plan([offer], 1, measured(QWEN_15B, draft_seconds=0.013))
+    assert settle(offer) == 0
+    assert sum(proposal_room(seq, 4, 4096) > 0 for _ in range(seq.params.max_tokens)) == 0
+
+
+def test_measured_step_costs_interpolate_and_extrapolate_along_their_line():
+    cost = measured({1: 0.037, 5: 0.070})
+    assert cost.seconds(3) == pytest.approx(0.0535)
+    assert cost.seconds(9) == pytest.approx(0.070 + 4 * 0.00825)
+    assert measured({1: 0.037}).seconds(2) == pytest.approx(0.037 * 5.7 / 4.7)  # the prior's shape
+    cost.record_step(1, 0.047)
+    assert cost.seconds(1) == pytest.approx(0.039)  # a fifth of the way to the new measurement
+
+
+def test_auto_is_prompt_lookup_as_deep_as_a_decode_verification(model_dir, hf_greedy):
+    assert SpeculativeConfig.parse("auto") == SpeculativeConfig("ngram", 7, 2, 4, greedy_only=True)
+    assert SpeculativeConfig.parse("off") is None
+    llm = LLM(str(model_dir), num_kv_blocks=256, speculative_config="auto")
+    check_equal(llm, hf_greedy, REPETITIVE[:2], 32)
+    stats = llm.engine.stats()
+    assert stats.spec_accepted_tokens > 0  # the 135M's steps are overhead-bound: proposals pay

@@ -18,6 +18,7 @@ from llmopt.engine.spec_decode.proposal import Proposal
 from llmopt.engine.structured.bitmask import BatchMask, apply_token_bitmask
 from llmopt.engine.structured.request import StructuredOutput
 from llmopt.engine.structured.sequence_grammar import SequenceGrammar
+from tests.engine.free_rows import verifying_everything
 
 PERSON = {
     "type": "object",
@@ -68,9 +69,8 @@ def allowed(grammar: SequenceGrammar, vocab: int, proposals: list[int]) -> list[
 
 @pytest.fixture(scope="module")
 def spec_llm(model_dir) -> LLM:
-    return LLM(
-        str(model_dir), num_kv_blocks=256, speculative_config={"method": "ngram", "num_speculative_tokens": 3}
-    )
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    return verifying_everything(LLM(str(model_dir), num_kv_blocks=256, speculative_config=spec))
 
 
 def test_the_mask_allows_only_what_the_grammar_allows_and_leaves_the_matcher_where_it_was(llm):

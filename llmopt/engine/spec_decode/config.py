@@ -1,4 +1,4 @@
-"""`--speculative-config`, vLLM-style JSON: method, k, n-gram bounds, draft model."""
+"""`--speculative-config`, vLLM-style JSON: method, k, n-gram bounds, draft model; or `auto`."""
 
 from __future__ import annotations
 
@@ -16,12 +16,21 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2  # single-token matches are mostly noise in free text
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft model: any model llmopt loads
+    # `auto`: chosen by llmopt, not asked for, so it speculates only for greedy requests. A sampled
+    # request's random draws follow what is verified, which the policy picks from measured timings: a
+    # seeded request would no longer reproduce its text.
+    greedy_only: bool = False
 
     @classmethod
     def parse(cls, value: str | dict | None) -> SpeculativeConfig | None:
-        """From vLLM-style JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'."""
-        if value is None or value == "":
+        """From vLLM-style JSON, e.g. '{"method": "ngram", "num_speculative_tokens": 4}', or "auto";
+        "off" (or nothing) is no speculation."""
+        if value is None or value in ("", "off"):
             return None
+        if value == "auto":
+            # Prompt lookup costs nothing to propose; as deep as a decode verification goes (1 + 7 rows),
+            # the policy (policy.py) taking only the positions that pay at the measured step cost.
+            return cls("ngram", 7, prompt_lookup_min=2, prompt_lookup_max=4, greedy_only=True)
         if isinstance(value, str):
             try:
                 value = json.loads(value)

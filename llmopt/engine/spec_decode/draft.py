@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,11 @@ from llmopt.engine.spec_decode.proposal import Proposal
 
 if TYPE_CHECKING:
     from llmopt.engine.config import EngineConfig
+
+
+# A draft step that computes at most this many tokens a sequence costs about what a one-token step does:
+# a sequence proposing every step catches up its accepted tokens and the target's own (1 + accepted).
+CAUGHT_UP = 4
 
 
 @dataclass
@@ -47,6 +53,9 @@ class DraftProposer:
             )
         self.block_manager = BlockManager(self.runner.num_kv_blocks, engine_config.block_size, False)
         self.states: dict[str, DraftState] = {}
+        # The last call's seconds per one-token step (None: it had none): what a position costs, apart
+        # from catching up the tokens a sequence gained since it last proposed (a prefill of them).
+        self.step_seconds: float | None = None
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         bm = self.block_manager
@@ -57,6 +66,7 @@ class DraftProposer:
             state.num_computed_tokens = min(state.num_computed_tokens, len(seq) - 1)
             if bm.allocate(state, len(seq) + k):
                 active.append((i, state))
+        one_token_steps: list[float] = []
         tokens: dict[int, list[int]] = {i: [] for i, _ in active}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _ in active}
         for step in range(max((ks[i] for i, _ in active), default=0)):
@@ -64,7 +74,10 @@ class DraftProposer:
             batch = ScheduledBatch(
                 [s for _, s in running], [len(s.token_ids) - s.num_computed_tokens for _, s in running]
             )
+            start = time.perf_counter()
             logits = self.runner.run(batch, [1] * len(running))
+            if max(batch.num_new_tokens) <= CAUGHT_UP:
+                one_token_steps.append(time.perf_counter() - start)
             for row, (i, state) in enumerate(running):
                 seq = seqs[i]
                 params = seq.params
@@ -80,6 +93,7 @@ class DraftProposer:
                 state.num_computed_tokens = len(state.token_ids)
                 state.token_ids.append(token)
                 tokens[i].append(token)
+        self.step_seconds = sum(one_token_steps) / len(one_token_steps) if one_token_steps else None
         proposals = [Proposal([]) for _ in seqs]
         for i, _ in active:
             proposals[i] = Proposal(tokens[i], torch.stack(probs[i]) if probs[i] else None)

@@ -1,48 +1,134 @@
-"""How much to propose, per sequence and step. Verifying k proposals costs k more rows in every layer's
-GEMMs (on this CPU about as much as the tokens it may save), so a sequence proposes about one more token
-than it has recently been accepting; after a step with nothing accepted it pauses (1, 2, 4 ... steps),
-and while it accepts fewer than one token per proposal on average it only probes every few steps.
-None of this changes outputs: it only decides what is verified."""
+"""How much to propose, per sequence and step, from what the engine has measured: each step's cost by its
+rows and the draft's cost per position (step_cost.py), and how often each sequence's proposals are
+accepted. A proposal at position i (0: the first) is worth the chance that it and all before it are
+accepted; it costs one more row in the step and, as the deepest one, one more draft step. Positions are
+taken, first to last across the sequences, while they raise the step's expected tokens per second. So a
+memory-bound step at batch 1 takes several, an arithmetic-bound batch of 8 only the likeliest, and text
+whose proposals fail takes none: its sequence then probes one n-gram position now and then (ever more
+rarely while probes fail) to notice when its text turns repetitive, or stops drafting for the rest of
+the request. None of this changes outputs: it only decides what is verified."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from llmopt.engine.sequence import Sequence
+from llmopt.engine.spec_decode.step_cost import StepCost
 
-MAX_SPEC_BACKOFF = 16  # steps without proposals after repeated rejections
-SPEC_PROBE_INTERVAL = 4  # steps between proposals while fewer than one token per proposal is accepted
+# Steps before a sequence whose proposals do not pay probes one position, doubling after each probe that
+# fails. At batch 1 on Qwen2.5-Coder-1.5B a failed probe costs ~0.6 of a step (a row and a draft step of
+# the 0.5B), so 16 steps and then more keep a stream whose drafts always fail above 0.98x of no draft.
+PROBE_INTERVAL = 16
+MAX_PROBE_INTERVAL = 256
+ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its latest
+PRIOR_POSITIONS = 2.0  # the engine-wide acceptance counts as this many positions of a new sequence's
 MAX_FORCED_POSITIONS = 16  # forced proposals tracked per position (more than a verification takes)
+FORCED_PRIOR = 4  # proposals counted as accepted at every position before any is verified
 
 
 def proposal_room(seq: Sequence, k: int, max_model_len: int) -> int:
-    """How many tokens to propose for `seq` this step (0: none). Counts down a pause as it goes."""
+    """How many tokens `seq` may be offered this step (0: none): at most k, what its max_tokens and the
+    model's length leave, none while prefilling or pausing. Counts a pause down as it goes."""
+    if seq.num_computed_tokens != len(seq) - 1:  # still prefilling
+        return 0
     if seq.spec_skip > 0:
         seq.spec_skip -= 1
         return 0
-    if seq.num_computed_tokens != len(seq) - 1:  # still prefilling
-        return 0
-    recent = k if seq.spec_accepted_ema is None else math.ceil(seq.spec_accepted_ema) + 1
-    return max(
-        0,
-        min(k, recent, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - len(seq) - 1),
-    )
+    return max(0, min(k, seq.params.max_tokens - seq.num_output_tokens - 1, max_model_len - len(seq) - 1))
 
 
-def record_acceptance(seq: Sequence, accepted: int) -> None:
-    """Update `seq`'s recent acceptance and its pause after a verification that accepted `accepted`."""
-    ema = seq.spec_accepted_ema
-    seq.spec_accepted_ema = accepted if ema is None else 0.7 * ema + 0.3 * accepted
-    seq.spec_backoff = 0 if accepted else min(2 * seq.spec_backoff or 1, MAX_SPEC_BACKOFF)
-    seq.spec_skip = max(seq.spec_backoff, SPEC_PROBE_INTERVAL if seq.spec_accepted_ema < 1 else 0)
+@dataclass
+class ProposalAcceptance:
+    """Engine-wide: how often a proposer's proposal is accepted given all before it were (the prior of a
+    sequence that has not been verified yet). Starts at one half."""
+
+    passed: float = 1.0
+    tested: float = 2.0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.passed += accepted
+        self.tested += accepted + (accepted < proposed)
+
+    def rate(self) -> float:
+        return self.passed / self.tested
 
 
-# A decode step's fixed cost, in rows: streaming the weights once costs what this many rows of arithmetic
-# cost. On the AVX2 2-core machine a 1-row step takes 18 ms and a 16-row one 75.6 ms (README), so a row
-# costs 3.8 ms and the rest 14.2 ms.
-FIXED_COST_ROWS = 3.7
-FORCED_PRIOR = 4  # proposals counted as accepted at every position before any is verified
+def acceptance_rate(seq: Sequence, engine: ProposalAcceptance) -> float:
+    """`seq`'s chance that a proposal is accepted when all before it were, its recent verifications
+    weighed against the engine-wide rate."""
+    return (seq.spec_passed + PRIOR_POSITIONS * engine.rate()) / (seq.spec_tested + PRIOR_POSITIONS)
+
+
+def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
+    """After a verification of `proposed` proposals with the first `accepted` accepted: the positions
+    tested (each accepted one and the first rejected) join `seq`'s recent acceptance."""
+    seq.spec_passed = ACCEPTANCE_MEMORY * seq.spec_passed + accepted
+    seq.spec_tested = ACCEPTANCE_MEMORY * seq.spec_tested + accepted + (accepted < proposed)
+
+
+@dataclass
+class Offer:
+    """Positions a sequence could verify this step, each with its chance of being accepted (falling)."""
+
+    seq: Sequence
+    rates: list[float]
+    drafted: bool = False  # each position deeper than the others' costs a draft model's step
+    forced: bool = False
+    taken: int = 0  # positions the plan takes
+
+
+def forced_offer(seq: Sequence, acceptance: ForcedAcceptance) -> Offer:
+    """`seq`'s forced proposals, each position at its engine-wide rate."""
+    positions = min(seq.spec_num_forced, MAX_FORCED_POSITIONS)
+    return Offer(seq, [acceptance.rate(i) for i in range(positions)], forced=True)
+
+
+def proposer_offer(seq: Sequence, positions: int, engine: ProposalAcceptance, drafted: bool) -> Offer:
+    """Up to `positions` proposals for `seq`, each accepted with its rate after the one before; a probe
+    that is due takes the first whatever the plan says."""
+    rate = acceptance_rate(seq, engine)
+    rates = [rate ** (i + 1) for i in range(positions)]
+    return Offer(seq, rates, drafted=drafted, taken=int(seq.spec_probe_due and positions > 0))
+
+
+def plan(offers: list[Offer], decoding_rows: int, cost: StepCost) -> None:
+    """Set each offer's `taken`: positions taken first to last across the offers, likeliest first, while
+    each raises the step's expected tokens per second (`decoding_rows` rows and tokens before any)."""
+    rows = decoding_rows + sum(o.taken for o in offers)
+    tokens = decoding_rows + sum(sum(o.rates[: o.taken]) for o in offers)
+    depth = max((o.taken for o in offers if o.drafted), default=0)
+    for position in range(max((len(o.rates) for o in offers), default=0)):
+        here = [o for o in offers if o.taken == position < len(o.rates)]
+        for offer in sorted(here, key=lambda o: -o.rates[position]):
+            new_depth = max(depth, position + 1) if offer.drafted else depth
+            gain = offer.rates[position]
+            if (tokens + gain) * cost.proposing(rows, depth) <= tokens * cost.proposing(rows + 1, new_depth):
+                break
+            offer.taken, rows, tokens, depth = position + 1, rows + 1, tokens + gain, new_depth
+
+
+def settle(offer: Offer) -> int:
+    """Cut the sequence's proposals to what the plan took and pace it: a proposer's sequence whose offer
+    took nothing pauses, each pause twice the last until one pays, and probes when the pause ends.
+    Returns the positions taken (a draft model proposes that many)."""
+    seq = offer.seq
+    if offer.forced:  # n-gram tokens past the forced ones ride along only if every forced one is kept
+        kept = offer.taken if offer.taken < seq.spec_num_forced else len(seq.spec_token_ids)
+        del seq.spec_token_ids[kept:]
+        seq.spec_num_forced = min(seq.spec_num_forced, kept)
+        return kept
+    del seq.spec_token_ids[offer.taken :]
+    probed, seq.spec_probe_due = seq.spec_probe_due, False
+    if offer.taken == 0 and offer.drafted:
+        # Resuming would first cost the draft a prefill of every token since (measured: ~7 % of the
+        # paused steps' time for the 0.5B drafting for the 1.5B, whatever the pause): it stops for good.
+        seq.spec_skip = seq.params.max_tokens
+    elif offer.taken == 0:
+        seq.spec_skip, seq.spec_probe_due = seq.spec_probe_interval or PROBE_INTERVAL, True
+        seq.spec_probe_interval = min(2 * seq.spec_skip, MAX_PROBE_INTERVAL)
+    elif offer.taken > probed:  # the plan itself took a position: proposals pay again
+        seq.spec_probe_interval = 0
+    return offer.taken
 
 
 @dataclass
@@ -61,29 +147,3 @@ class ForcedAcceptance:
 
     def rate(self, position: int) -> float:
         return (self.accepted_at[position] + FORCED_PRIOR) / (self.proposed_at[position] + FORCED_PRIOR)
-
-
-def trim_forced(seqs: list[Sequence], acceptance: ForcedAcceptance) -> None:
-    """Cut the forced proposals of a step's decoding `seqs` to those expected to pay. A proposal adds a
-    row to every layer's arithmetic and is expected to add `acceptance.rate(position)` tokens; it pays
-    while that beats what a row of the step yields, tokens over (fixed cost + rows). At batch 1 a row
-    yields about a quarter of a token, so every forced token pays; at batch 8 a row already yields about
-    0.7, and only the first two or three positions (accepted 80-90 % of the time) do. Positions are taken
-    first to last across the sequences; n-gram proposals past a cut are cut with it."""
-    rows = tokens = float(len(seqs))
-    rows += sum(len(s.spec_token_ids) for s in seqs if not s.spec_num_forced)
-    keep = dict.fromkeys((id(s) for s in seqs if s.spec_num_forced), 0)
-    for position in range(MAX_FORCED_POSITIONS):
-        rate = acceptance.rate(position)
-        for seq in seqs:
-            if keep.get(id(seq)) != position or position >= seq.spec_num_forced:
-                continue
-            if rate <= tokens / (FIXED_COST_ROWS + rows):
-                break
-            keep[id(seq)], rows, tokens = position + 1, rows + 1, tokens + rate
-    for seq in seqs:
-        if id(seq) not in keep:
-            continue
-        kept = keep[id(seq)] if keep[id(seq)] < seq.spec_num_forced else len(seq.spec_token_ids)
-        del seq.spec_token_ids[kept:]
-        seq.spec_num_forced = min(seq.spec_num_forced, kept)

@@ -14,8 +14,19 @@ from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.draft import DraftProposer
 from llmopt.engine.spec_decode.forced import propose_forced
 from llmopt.engine.spec_decode.ngram import NgramProposer
-from llmopt.engine.spec_decode.policy import ForcedAcceptance, proposal_room, record_acceptance, trim_forced
+from llmopt.engine.spec_decode.policy import (
+    ForcedAcceptance,
+    Offer,
+    ProposalAcceptance,
+    forced_offer,
+    plan,
+    proposal_room,
+    proposer_offer,
+    record_acceptance,
+    settle,
+)
 from llmopt.engine.spec_decode.stats import SpecStats
+from llmopt.engine.spec_decode.step_cost import StepCost
 from llmopt.engine.spec_decode.verify import verify
 
 if TYPE_CHECKING:
@@ -24,7 +35,8 @@ if TYPE_CHECKING:
 
 class Speculator:
     """Owns the proposer (None without a speculative config: grammars still force proposals), the
-    engine-wide acceptance of forced proposals and the SpecStats counters."""
+    measured step costs, the engine-wide acceptance of forced and of proposed tokens and the SpecStats
+    counters."""
 
     def __init__(
         self,
@@ -41,7 +53,9 @@ class Speculator:
             make_proposer(config, engine_config, vocab_size, max_model_len) if config else None
         )
         self.stats = SpecStats()
+        self.cost = StepCost()
         self.forced_acceptance = ForcedAcceptance()
+        self.proposal_acceptance = ProposalAcceptance()
 
     def wanted(self, running: list[Sequence]) -> bool:
         """Whether any of the `running` sequences may be given proposals this step."""
@@ -50,30 +64,64 @@ class Speculator:
     def propose(self, running: list[Sequence]) -> None:
         """Give every decoding sequence its proposals to verify in this step: the tokens its grammar
         forces (n-gram lookups may continue past them), or else up to k from the proposer, cut where
-        the grammar refuses one. Forced proposals are then cut to those expected to pay at this batch
-        size (policy.trim_forced)."""
+        the grammar refuses one; then cut all of them to the positions expected to pay at this step's
+        measured cost (policy.plan). A draft model proposes only the positions the plan took."""
         k = self.config.num_speculative_tokens if self.config else 0
         ngram = self.proposer if isinstance(self.proposer, NgramProposer) else None
-        ready, ks, forced = [], [], False
-        for seq in running:
+        decoding = [s for s in running if s.num_computed_tokens == len(s) - 1]
+        offers: list[Offer] = []
+        asked, rooms = [], []
+        for seq in decoding:
             if propose_forced(seq, self.max_model_len, ngram, k):
-                forced = True
-                continue
-            room = proposal_room(seq, k, self.max_model_len) if self.proposer is not None else 0
-            if room > 0:
-                ready.append(seq)
-                ks.append(room)
-        if ready:
-            assert self.proposer is not None, "only a proposer gives room to propose"
-            for seq, proposal in zip(ready, self.proposer.propose(ready, ks)):
-                tokens, probs = proposal.tokens, proposal.draft_probs
-                if seq.grammar is not None:
-                    tokens = tokens[: seq.grammar.valid_prefix(tokens)]
-                    probs = probs[: len(tokens)] if probs is not None and tokens else None
-                seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = tokens, probs, 0
-        if forced:
-            decoding = [s for s in running if s.num_computed_tokens == len(s) - 1]
-            trim_forced(decoding, self.forced_acceptance)
+                offers.append(forced_offer(seq, self.forced_acceptance))
+            elif self.proposes_for(seq) and (room := proposal_room(seq, k, self.max_model_len)) > 0:
+                asked.append(seq)
+                rooms.append(room)
+        if ngram is not None and asked:  # lookups cost nothing: the plan weighs the tokens they found
+            for seq, proposal in zip(asked, ngram.propose(asked, rooms)):
+                seq.spec_token_ids = self._allowed(seq, proposal.tokens)
+            rooms = [len(s.spec_token_ids) for s in asked]
+        drafted = ngram is None
+        offers += [
+            proposer_offer(seq, room, self.proposal_acceptance, drafted)
+            for seq, room in zip(asked, rooms)
+            if room
+        ]
+        if not offers:
+            return
+        plan(offers, len(decoding), self.cost)
+        drafts = [(o.seq, taken) for o in offers if (taken := settle(o)) and o.drafted]
+        if drafts:
+            self._draft([seq for seq, _ in drafts], [taken for _, taken in drafts])
+
+    def proposes_for(self, seq: Sequence) -> bool:
+        return self.proposer is not None and not (self.config.greedy_only and not seq.params.greedy)
+
+    def _draft(self, seqs: list[Sequence], ks: list[int]) -> None:
+        """The draft model's proposals for `seqs`, `ks` deep, and what their drafting cost."""
+        assert self.proposer is not None, "only a proposer drafts"
+        proposals = self.proposer.propose(seqs, ks)
+        if isinstance(self.proposer, DraftProposer) and self.proposer.step_seconds is not None:
+            self.cost.record_draft(self.proposer.step_seconds)
+        for seq, proposal in zip(seqs, proposals):
+            tokens = self._allowed(seq, proposal.tokens)
+            probs = proposal.draft_probs
+            probs = probs[: len(tokens)] if probs is not None and tokens else None
+            seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = tokens, probs, 0
+
+    @staticmethod
+    def _allowed(seq: Sequence, tokens: list[int]) -> list[int]:
+        """`tokens` cut where `seq`'s grammar refuses one."""
+        return tokens[: seq.grammar.valid_prefix(tokens)] if seq.grammar is not None else tokens
+
+    def record_step(self, seqs: list[Sequence], num_new_tokens: list[int], seconds: float) -> None:
+        """A step's forward took `seconds`: a decoding step's (every sequence one row and one a
+        proposal, no prompt rows) joins the measured costs."""
+        if all(
+            s.num_computed_tokens == len(s) - 1 and n == 1 + len(s.spec_token_ids)
+            for s, n in zip(seqs, num_new_tokens)
+        ):
+            self.cost.record_step(sum(num_new_tokens), seconds)
 
     def verify(self, seq: Sequence, logits: torch.Tensor, greedy: list[int] | None) -> list[int]:
         """The tokens `seq` gains from verifying its proposals against its `logits` rows (one per
@@ -87,7 +135,8 @@ class Speculator:
         if forced:  # forced tokens are paced by their acceptance at each position, engine-wide
             self.forced_acceptance.record(forced, accepted)
         else:
-            record_acceptance(seq, accepted)
+            record_acceptance(seq, len(seq.spec_token_ids), accepted)
+            self.proposal_acceptance.record(len(seq.spec_token_ids), accepted)
         # KV is valid up to the last accepted proposal; the rejected slots are overwritten later.
         seq.num_computed_tokens += 1 + accepted
         seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = [], None, 0
