@@ -44,10 +44,10 @@ from harness import (
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.runner import run_point, run_sessions
+from llmopt.bench.load.client import Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point, run_sessions
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.bench.workload.agent import agent_conversations
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result

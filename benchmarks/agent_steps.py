@@ -27,8 +27,8 @@ from harness import MachineLoad
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.conversation import Conversation
 from llmopt.bench.workload.agent import agent_conversations
+from llmopt.bench.workload.conversation import Conversation
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams

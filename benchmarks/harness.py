@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from llmopt.bench.client import BenchRequest
+from llmopt.bench.load.client import BenchRequest
 from llmopt.bench.workload.text import corpus_token_ids, text_of_length
 from llmopt.engines.llmopt import llmopt_serve_argv
 

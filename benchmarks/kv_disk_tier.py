@@ -39,12 +39,12 @@ from harness import SERVED, CorpusCursor, MachineLoad, fresh_kv_dir, peer_instal
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target, send
-from llmopt.bench.conversation import Conversation, ToolCall, Turn
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.loops import client_session
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench.load.client import Target, send
+from llmopt.bench.load.loops import client_session
+from llmopt.bench.observe.server_stats import parse_metrics
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.bench.workload.agent import SYSTEM_HEADER, TOOLS
+from llmopt.bench.workload.conversation import Conversation, ToolCall, Turn
 from llmopt.bench.workload.text import count_tokens, text_of_length
 from llmopt.checkpoints import load_tokenizer
 from llmopt.engines.llmopt import llmopt_serve_argv

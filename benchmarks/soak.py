@@ -36,8 +36,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench.observe.server_stats import parse_metrics
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.corpus import default_text
 from llmopt.engines.llmopt import llmopt_serve_argv
 from results import write_result

@@ -29,7 +29,7 @@ from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
 from results import write_result
 

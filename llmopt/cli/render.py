@@ -42,7 +42,7 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
     return table
 
 
-# Where most of a turn's prompt came from (bench/session_metrics.py's prefix sources), as headed here.
+# Where most of a turn's prompt came from (bench/measure/session_metrics.py's prefix sources), as headed here.
 PREFIX_COLUMNS = (
     ("ram", "TTFT, prefix in RAM"),
     ("disk", "TTFT, prefix from disk"),
@@ -101,7 +101,7 @@ def natural_width(table: Table) -> int:
 
 
 def client_warning(summary: dict) -> Text | None:
-    """The warning for a point whose client, not the server, was the limit (bench/self_check.py); None
+    """The warning for a point whose client, not the server, was the limit (bench/load/self_check.py); None
     for any other point."""
     client = summary.get("client") or {}
     if not client.get("limited"):

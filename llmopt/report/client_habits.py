@@ -1,4 +1,4 @@
-"""The report's client-habits section: for each habit of a run (a recipe's [[habit]], bench/habit.py),
+"""The report's client-habits section: for each habit of a run (a recipe's [[habit]], bench/sweep/habit.py),
 what its one change did to TTFT, E2E and throughput against the baseline point of the same run."""
 
 from __future__ import annotations

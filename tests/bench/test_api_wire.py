@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.messages_wire import anthropic_messages, messages_payload
-from llmopt.bench.responses_wire import input_items, responses_payload
-from llmopt.bench.runner import run_point
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.messages_wire import anthropic_messages, messages_payload
+from llmopt.bench.load.responses_wire import input_items, responses_payload
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cost.from_run import usage_of
 from tests.bench.conftest import answer, responses_answer

@@ -6,8 +6,8 @@ import pytest
 import typer
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
-from llmopt.bench.recipe import load_recipe
+from llmopt.bench.sweep.config import BenchConfig, ServerSpec, with_overrides
+from llmopt.bench.sweep.recipe import load_recipe
 
 
 def endpoint_config(**kw) -> BenchConfig:

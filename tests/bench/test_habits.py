@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench import runner
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.habit import Habit
-from llmopt.bench.matrix import matrix
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.load import runner
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.habit import Habit
+from llmopt.bench.sweep.matrix import matrix
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "client-habits.toml"

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from llmopt.bench import machine_meter as meters
-from llmopt.bench.client import Target
-from llmopt.bench.machine_meter import DECODE_WEIGHT_BYTES, PROCESS_CPU, machine_meter
-from llmopt.bench.rapl import find_zones
+from llmopt.bench.load.client import Target
+from llmopt.bench.observe import machine_meter as meters
+from llmopt.bench.observe.machine_meter import DECODE_WEIGHT_BYTES, PROCESS_CPU, machine_meter
+from llmopt.bench.observe.rapl import find_zones
 from tests.bench.test_rapl import set_uj, zone
 
 # A stand-in server: on each line it reads, burns that many seconds of CPU and says how much it has used.

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt.bench.server_metrics import read_sample, summarize_samples, with_rates
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench.observe.server_metrics import read_sample, summarize_samples, with_rates
+from llmopt.bench.observe.server_stats import parse_metrics
 
 # As `llmopt serve` writes its page (llmopt/server/metrics.py): llmopt's names and, where vLLM has the
 # same metric, vLLM's too; the KV cache in blocks.

@@ -7,12 +7,12 @@ import asyncio
 
 import pytest
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.loops import client_session
-from llmopt.bench.runner import run_point
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.loops import client_session
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.conftest import answer, stall
 

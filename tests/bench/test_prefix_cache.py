@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 

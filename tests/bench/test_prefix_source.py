@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from llmopt.bench.client import RequestRecord, apply_usage
-from llmopt.bench.responses_wire import chat_usage
-from llmopt.bench.session_metrics import prefix_source, summarize_sessions
+from llmopt.bench.load.client import RequestRecord, apply_usage
+from llmopt.bench.load.responses_wire import chat_usage
+from llmopt.bench.measure.session_metrics import prefix_source, summarize_sessions
 from llmopt.cli.render import turns_table
 
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from llmopt.bench import process_cpu
-from llmopt.bench.process_cpu import proc_tree_seconds, psutil_tree_seconds
+from llmopt.bench.observe import process_cpu
+from llmopt.bench.observe.process_cpu import proc_tree_seconds, psutil_tree_seconds
 
 # Burns about `seconds` of CPU, says how much it used, then waits to be told to end.
 BURNER = """

@@ -1,4 +1,4 @@
-"""Quantization in the loop (bench/quantized_serve.py): the cache key, a checkpoint made once and then
+"""Quantization in the loop (bench/servers/quantized_serve.py): the cache key, a checkpoint made once and then
 found in the cache, a half-written one made again, a failed `llmopt quantize` said plainly, a bad
 `quantize` table named with its recipe, and a sweep that serves each checkpoint and records its
 quant_report.json figures. `llmopt quantize` is played by a small script (real subprocess, real files)
@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmopt.bench import quantized_serve, server_lifecycle
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig, ServerSpec, with_overrides
-from llmopt.bench.quantized_serve import (
+from llmopt.bench.rundir import RunDir
+from llmopt.bench.servers import quantized_serve, server_lifecycle
+from llmopt.bench.servers.quantized_serve import (
     QuantizeSpec,
     cache_key,
     ensure_checkpoint,
     parse_quantize,
     prepare_servers,
 )
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig, ServerSpec, with_overrides
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli import app
 from tests.bench.test_secrets import FakeServer

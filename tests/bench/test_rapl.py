@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.rapl import RaplMeter, find_zones, grown_uj
+from llmopt.bench.observe.rapl import RaplMeter, find_zones, grown_uj
 
 MAX_UJ = 262_143_328_850  # an Intel package's max_energy_range_uj
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.recipe import load_recipe
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.recipe import load_recipe
 
 RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.toml"))
 

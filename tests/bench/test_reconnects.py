@@ -9,10 +9,10 @@ import json
 import re
 import statistics
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.runner import run_point
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.measure.request_metrics import summarize
 
 ANSWERED_PER_CONNECTION = 2
 DROP_AFTER_S = 0.2  # the dropped send's wait: a TTFT timed from it would be over 0.25 s

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.load_point import PointResult
-from llmopt.bench.request_metrics import parse_slo, summarize_results
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.load.load_point import PointResult
+from llmopt.bench.measure.request_metrics import summarize_results
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.slo import parse_slo
 from llmopt.cli import app
 from llmopt.report.html import load_runs, point_rows, run_settings, session_rows
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.repeats import bootstrap_ci, repeat_stats
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.repeats import bootstrap_ci, repeat_stats
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.report.html import write_report
 

@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.sweep import run_sweep
-from llmopt.bench.trace import TraceEntry, read_trace, send_times
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.bench.workload import count_tokens, replay_prompts
+from llmopt.bench.workload.trace import TraceEntry, read_trace, send_times
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli import app
 

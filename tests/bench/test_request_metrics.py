@@ -1,7 +1,8 @@
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import meets_slo, parse_slo, summarize, tpot
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import meets_slo, summarize, tpot
+from llmopt.bench.slo import parse_slo
 
 
 def record(

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.conftest import stall
 
@@ -48,8 +48,8 @@ def test_a_slow_steady_stream_is_no_timeout(openai_endpoint, tokenizer, tmp_path
 
 
 def test_the_timeout_is_a_flag_and_a_recipe_key(tmp_path, monkeypatch):
-    from llmopt.bench.config import with_overrides
-    from llmopt.bench.recipe import load_recipe
+    from llmopt.bench.sweep.config import with_overrides
+    from llmopt.bench.sweep.recipe import load_recipe
     from llmopt.cli.bench import settings_from_options
     from tests.bench.test_config import bench_options
 

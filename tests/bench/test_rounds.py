@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import typer.main
 
-from llmopt.bench import server_lifecycle
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.recipe import load_recipe
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.servers import server_lifecycle
+from llmopt.bench.sweep.config import BenchConfig, ServerSpec
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli import app
 from llmopt.cli.bench import settings_from_options

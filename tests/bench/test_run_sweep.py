@@ -8,10 +8,10 @@ import json
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.matrix import point_key
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.matrix import point_key
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 POINT_FIELDS = {

@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import summarize
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import CSV_FIELDS, RunDir
 from llmopt.report.data import load_run
 

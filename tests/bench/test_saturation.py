@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.load_point import LoadPoint, PointResult
-from llmopt.bench.runner import run_point
-from llmopt.bench.saturation import run_verdict, saturation_fields
+from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.load_point import LoadPoint, PointResult
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.load.saturation import run_verdict, saturation_fields
 from tests.bench.conftest import Capacity
 
 

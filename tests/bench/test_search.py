@@ -9,10 +9,10 @@ import time
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.search import GoodputSearch
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.goodput_search import GoodputSearch
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.report.html import write_report
 from tests.bench.conftest import content, event_stream

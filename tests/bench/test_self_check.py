@@ -11,13 +11,13 @@ import time
 import pytest
 from rich.console import Console
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.load_point import LoadPoint
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.load.self_check import ClientLoad, SelfCheck, client_summary
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.runner import run_point
-from llmopt.bench.self_check import ClientLoad, SelfCheck, client_summary
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench_run import print_point_notes
 from tests.bench.conftest import stall

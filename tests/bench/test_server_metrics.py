@@ -12,11 +12,11 @@ import threading
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
+from llmopt.bench.observe.server_metrics import ServerSample, read_sample
+from llmopt.bench.observe.server_stats import parse_metrics
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.server_metrics import ServerSample, read_sample
-from llmopt.bench.server_stats import parse_metrics
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.conftest import API_KEY
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmopt.bench.launcher import free_port
-from llmopt.bench.server_stats import parse_metrics, scrape, scrape_spec_counters, spec_delta
+from llmopt.bench.observe.server_stats import parse_metrics, scrape, scrape_spec_counters, spec_delta
+from llmopt.bench.servers.launcher import free_port
 
 # The shape of an llmopt server's page: labelled gauges and counters, a histogram, a per-position gauge.
 PAGE = """\

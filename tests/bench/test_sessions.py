@@ -10,10 +10,10 @@ import json
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig
+from llmopt.bench.load.session import SENT, ToolUse, pooled_tools
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.session import SENT, ToolUse, pooled_tools
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from llmopt.report.html import write_report
 from tests.bench.conftest import answer, stall
@@ -206,7 +206,7 @@ def test_sessions_are_refused_for_a_single_request_workload():
 
 
 def test_a_recipe_and_the_flags_set_the_session_and_traffic_settings(tmp_path):
-    from llmopt.bench.recipe import load_recipe
+    from llmopt.bench.sweep.recipe import load_recipe
     from llmopt.cli.bench import settings_from_options
     from tests.bench.test_config import bench_options
 
@@ -236,8 +236,8 @@ def test_a_recipe_and_the_flags_set_the_session_and_traffic_settings(tmp_path):
 
 
 def test_session_summary_figures_from_records():
-    from llmopt.bench.client import RequestRecord
-    from llmopt.bench.session_metrics import summarize_sessions
+    from llmopt.bench.load.client import RequestRecord
+    from llmopt.bench.measure.session_metrics import summarize_sessions
 
     def turn(session: int, k: int, start: float, cached: int | None, success: bool = True) -> RequestRecord:
         return RequestRecord(

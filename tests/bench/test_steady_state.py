@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.steady_state import RULE, steady_state
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import summarize
+from llmopt.bench.measure.steady_state import RULE, steady_state
 
 
 def record(index: int, start: float, ttft: float, e2e: float | None = None) -> RequestRecord:

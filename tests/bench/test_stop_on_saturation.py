@@ -10,13 +10,13 @@ import json
 
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.config import BenchConfig, with_overrides
-from llmopt.bench.load_point import Collector, LoadPoint
-from llmopt.bench.recipe import load_recipe
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.load.load_point import Collector, LoadPoint
+from llmopt.bench.load.stop_on_saturation import STOP_REASON, sent_so_far, skip_reason
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.stop_on_saturation import STOP_REASON, sent_so_far, skip_reason
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.config import BenchConfig, with_overrides
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.conftest import Capacity
 from tests.bench.test_config import bench_options

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.runner import run_point
-from llmopt.bench.structured_answer import structured_outcome
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.load.structured_answer import structured_outcome
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.workload.file import file_prompts
 from tests.bench.conftest import sse
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmopt.bench.launcher import free_port
+from llmopt.bench.servers.launcher import free_port
 from tests.conftest import API_KEY, LiveServer
 
 

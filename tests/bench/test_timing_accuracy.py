@@ -17,12 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from llmopt.bench import client
-from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.launcher import free_port
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.loops import client_session
-from llmopt.bench.runner import run_point
+from llmopt.bench.load import client
+from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.loops import client_session
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.servers.launcher import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the stub lives there
 import accuracy_stub  # noqa: E402

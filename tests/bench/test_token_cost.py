@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench import machine_meter as meters
-from llmopt.bench import server_lifecycle, sweep
-from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.machine_meter import PROCESS_CPU, MachineUse
-from llmopt.bench.rapl import find_zones
+from llmopt.bench.measure.token_cost import NOT_MEASURED, decode_read_fields, token_cost_fields
+from llmopt.bench.observe import machine_meter as meters
+from llmopt.bench.observe.machine_meter import PROCESS_CPU, MachineUse
+from llmopt.bench.observe.rapl import find_zones
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.token_cost import NOT_MEASURED, decode_read_fields, token_cost_fields
+from llmopt.bench.servers import server_lifecycle
+from llmopt.bench.sweep import sweep
+from llmopt.bench.sweep.config import BenchConfig, ServerSpec
 from llmopt.checkpoints import load_tokenizer
 from tests.bench.test_rapl import set_uj, zone
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import json
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.runner import run_point
-from llmopt.bench.sweep import run_sweep
-from llmopt.bench.token_count import TokenCounter, tokenize_url
+from llmopt.bench.load.client import BenchRequest, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.load.token_count import TokenCounter, tokenize_url
+from llmopt.bench.measure.request_metrics import summarize
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
 
 

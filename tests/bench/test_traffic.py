@@ -8,14 +8,14 @@ import statistics
 
 import pytest
 
-from llmopt.bench.arrivals import arrival_times, ramped
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.client import BenchRequest, Target, send
-from llmopt.bench.config import BenchConfig
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.loops import client_session
-from llmopt.bench.runner import run_point
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.load.arrivals import arrival_times, ramped
+from llmopt.bench.load.client import BenchRequest, Target, send
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.loops import client_session
+from llmopt.bench.load.runner import run_point
+from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.bench.workload import count_tokens, random_prompts
 from llmopt.checkpoints import load_tokenizer
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llmopt.bench.arrivals import arrival_times
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.client import BenchRequest, RequestRecord, Target
-from llmopt.bench.config import BenchConfig, with_overrides
-from llmopt.bench.conversation import Conversation, Turn
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.request_metrics import summarize
+from llmopt.bench.load.arrivals import arrival_times
+from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.load_point import LoadPoint
+from llmopt.bench.load.runner import run_point, run_sessions
+from llmopt.bench.load.workers import shares, split
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.runner import run_point, run_sessions
-from llmopt.bench.sweep import run_sweep
-from llmopt.bench.workers import shares, split
+from llmopt.bench.sweep.config import BenchConfig, with_overrides
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
+from llmopt.bench.workload.conversation import Conversation, Turn
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench import settings_from_options
 

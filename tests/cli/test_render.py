@@ -1,5 +1,5 @@
 """The CLI's tables, rendered as text: headers, cells, and the report's point table built from the same
-column list. No model, no server: a point summary as bench/request_metrics.py writes it."""
+column list. No model, no server: a point summary as bench/measure/request_metrics.py writes it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The report's quantization section: the Pareto front on hand-made points, and the section of a
 synthetic run whose configs were quantized (their quant_report.json figures in the run's settings, as
-bench/quantized_serve.py records them): table, answer and plot. No model, no server."""
+bench/servers/quantized_serve.py records them): table, answer and plot. No model, no server."""
 
 from __future__ import annotations
 
