@@ -28,8 +28,8 @@ from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.evaluate.perplexity import perplexity
+from llmopt.quant.quant_report import REPORT_FILE, checkpoint_size_mb
 from llmopt.quant.quantize import QuantizeConfig, quantize
-from llmopt.quant.report import REPORT_FILE, checkpoint_size_mb
 from results import RESULTS, write_result
 
 METHODS = ("int8", "gptq", "awq")

@@ -18,8 +18,8 @@ from llmopt.bench.sweep.config import BenchConfig, with_overrides
 from llmopt.bench.sweep.recipe import load_recipe
 from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
-from llmopt.cli.options import console, fail
 from llmopt.cli.render import client_warning, natural_width, results_table, turns_table
+from llmopt.cli.shared_options import console, fail
 from llmopt.report.machine_cost import cost_source_lines
 
 

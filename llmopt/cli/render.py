@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only 
     from llmopt.cost.workload import PricedWorkload
     from llmopt.evaluate.kl_divergence import KLStats
     from llmopt.pricing import PricingModel
-    from llmopt.quant.report import QuantReport
+    from llmopt.quant.quant_report import QuantReport
     from llmopt.report.verdict import Check
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmopt.report.data import Run
 from llmopt.report.format import fmt
+from llmopt.report.runs import Run
 
 HEADERS = [
     "server",

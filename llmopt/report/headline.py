@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from llmopt.cost.from_run import SLO_ATTAINMENT
 from llmopt.report.cost_section import CostBlock
-from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
+from llmopt.report.runs import Run, load_value
 
 HEADERS = [
     "run",

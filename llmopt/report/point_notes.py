@@ -4,7 +4,7 @@ and each point --stop-on-saturation skipped. Runs written before the bench measu
 
 from __future__ import annotations
 
-from llmopt.report.data import Run
+from llmopt.report.runs import Run
 
 
 def steady_note(points: list[dict]) -> str | None:

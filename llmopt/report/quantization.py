@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from llmopt.cost.from_run import slo_point
 from llmopt.pricing import PricingModel, Usage
 from llmopt.report import plots
-from llmopt.report.data import Run
 from llmopt.report.format import fmt, money
+from llmopt.report.runs import Run
 
 # What each quality measure is called on the axis and in the headings.
 QUALITY_LABELS = {"kld": "mean KL divergence from the fp32 source", "perplexity": "perplexity"}

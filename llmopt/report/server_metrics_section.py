@@ -11,9 +11,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from llmopt.bench.rundir import RunDir
-from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
 from llmopt.report.plots import draw_timeline, to_svg
+from llmopt.report.runs import Run, load_value
 
 HEADERS = [
     "server",

@@ -13,7 +13,6 @@ import pytest
 
 from llmopt.bench.rundir import RunDir
 from llmopt.pricing import load_pricing
-from llmopt.report.data import load_run
 from llmopt.report.html import write_report
 from llmopt.report.quantization import (
     QuantPoint,
@@ -22,6 +21,7 @@ from llmopt.report.quantization import (
     quality_measure,
     quantization_section,
 )
+from llmopt.report.runs import load_run
 from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run
 

@@ -8,8 +8,8 @@ import pytest
 from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
-from llmopt.report.data import load_run
 from llmopt.report.html import run_settings, write_report
+from llmopt.report.runs import load_run
 
 SECRET = "sk-old-run-Qw3rTy8uIo"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.report.data import load_run
+from llmopt.report.runs import load_run
 from llmopt.report.verdict import change_interval, parse_conditions, verdict
 from tests.run_folders import FakePoint, write_run
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.engines.command import EngineCommand
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.options import ServeOptions
 from llmopt.engines.serve import engine_command
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from llmopt.evaluate.data import calibration_samples, eval_windows, read_text, split_tokens
+from llmopt.evaluate.eval_text import calibration_samples, eval_windows, read_text, split_tokens
 
 
 def test_default_text_is_split_into_disjoint_halves(llm):

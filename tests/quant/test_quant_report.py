@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
+from llmopt.quant.quant_report import REPORT_FILE
 from llmopt.quant.quantize import quantize
-from llmopt.quant.report import REPORT_FILE
 
 
 def test_the_report_holds_the_kl_divergence_from_the_source(fake_job, tmp_path):
