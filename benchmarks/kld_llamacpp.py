@@ -41,7 +41,7 @@ from harness import MachineLoad, ServeSubject, peer_installed
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.servers.launcher import LocalServer
+from llmopt.bench import LocalServer
 from llmopt.checkpoints import bundled_gguf_path, cache_dir, load_tokenizer, resolve_model
 from llmopt.evaluate.eval_text import eval_windows, split_tokens
 from llmopt.evaluate.kl_divergence import KLAccumulator, KLStats

@@ -19,11 +19,7 @@ from harness import CorpusCursor, MachineLoad, ServeSubject, peer_installed
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.load.client import Target
-from llmopt.bench.load.load_point import LoadPoint
-from llmopt.bench.load.runner import run_point
-from llmopt.bench.measure.request_metrics import summarize
-from llmopt.bench.servers.launcher import LocalServer
+from llmopt.bench import LoadPoint, LocalServer, Target, run_point, summarize
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 

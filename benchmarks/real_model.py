@@ -46,12 +46,15 @@ from real_models import assemble
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.load.client import BenchRequest, Target
-from llmopt.bench.load.load_point import LoadPoint
-from llmopt.bench.load.runner import run_point
-from llmopt.bench.observe.memory_bandwidth import read_bandwidth_gbs
-from llmopt.bench.observe.server_stats import parse_metrics
-from llmopt.bench.servers.launcher import LocalServer
+from llmopt.bench import (
+    BenchRequest,
+    LoadPoint,
+    LocalServer,
+    Target,
+    parse_metrics,
+    read_bandwidth_gbs,
+    run_point,
+)
 from llmopt.checkpoints import load_tokenizer
 from llmopt.gguf_file import read_gguf_file
 from results import write_result

@@ -31,10 +31,7 @@ from harness import MachineLoad, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.bench_error import BenchError
-from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep.config import BenchConfig, ServerSpec
-from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench import BenchConfig, BenchError, RunDir, ServerSpec, load_recipe
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
 from llmopt.cli.bench_run import run_bench
 from results import RESULTS, write_result

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from llmopt.engines.llmopt import llmopt_serve_argv
 from llmopt.engines.process import STOP_TIMEOUT_S, ServerProcess
 
 
@@ -72,3 +73,14 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def llmopt_server(
+    flags: list[str],
+    ready_timeout_s: float = 300,
+    log_path: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> LocalServer:
+    """A local `llmopt serve` with `flags` (the model first, if any), started by this Python: what the
+    benchmarks start beside their subjects, written once here instead of in each script."""
+    return LocalServer(lambda port: llmopt_serve_argv(port, flags), ready_timeout_s, log_path, env)
