@@ -11,7 +11,7 @@ import importlib
 # name -> the module that holds it
 FACE = {
     # run a bench and read a run
-    "BenchConfig": "llmopt.bench.sweep.config",
+    "BenchConfig": "llmopt.bench.sweep.bench_config",
     "BenchError": "llmopt.bench.bench_error",
     "ServerSpec": "llmopt.bench.servers.server_spec",
     "load_recipe": "llmopt.bench.sweep.recipe",

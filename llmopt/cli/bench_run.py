@@ -14,7 +14,7 @@ from llmopt.bench.bench_error import BenchError
 from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir, run_folder_name
-from llmopt.bench.sweep.config import BenchConfig, with_overrides
+from llmopt.bench.sweep.bench_config import BenchConfig, with_overrides
 from llmopt.bench.sweep.recipe import load_recipe
 from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer

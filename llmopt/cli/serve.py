@@ -91,7 +91,7 @@ def serve_on(engine: str, options: ServeOptions, engine_python: str | None, dry_
     """Run `options` on `engine`: a peer through llmopt.engines, llmopt's own engine here."""
     from llmopt.engines.engine_error import EngineError
     from llmopt.engines.llmopt import unsupported
-    from llmopt.engines.serve import serve_engine
+    from llmopt.engines.serve_engine import serve_engine
 
     if options.kv_cache_dtype not in KV_CACHE_DTYPES:
         given = options.kv_cache_dtype

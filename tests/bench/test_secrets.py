@@ -12,7 +12,7 @@ from rich.console import Console
 
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.servers import server_lifecycle
-from llmopt.bench.sweep.config import BenchConfig, ServerSpec
+from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench_run import run_bench
 from llmopt.engines.llmopt import llmopt_environment

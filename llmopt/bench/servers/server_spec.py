@@ -10,7 +10,7 @@ from llmopt.bench.redact import is_api_key_arg, redact_args
 from llmopt.engines.command import EngineCommand
 from llmopt.engines.engine_error import EngineError
 from llmopt.engines.options import ServeOptions
-from llmopt.engines.serve import engine_command
+from llmopt.engines.serve_engine import engine_command
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The goodput search's rule: which load to probe next from the probes so far (doubling until one misses
-the SLOs, then bisection), whether a probe met them, and the answer. Settings (config.py) make one and
+the SLOs, then bisection), whether a probe met them, and the answer. Settings (bench_config.py) make one and
 search.py drives it over a sweep's lengths; it imports neither."""
 
 from __future__ import annotations

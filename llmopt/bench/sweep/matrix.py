@@ -11,7 +11,7 @@ from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.sweep.habit import Habit
 
 if TYPE_CHECKING:
-    from llmopt.bench.sweep.config import BenchConfig
+    from llmopt.bench.sweep.bench_config import BenchConfig
 
 # (prompt length, output length, load point): one point of a server's matrix
 Cell = tuple[int, int, LoadPoint]

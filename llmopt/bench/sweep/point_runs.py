@@ -33,7 +33,7 @@ from llmopt.bench.workload.conversation import Conversation
 
 if TYPE_CHECKING:
     from llmopt.bench.servers.server_spec import ServerSpec
-    from llmopt.bench.sweep.config import BenchConfig
+    from llmopt.bench.sweep.bench_config import BenchConfig
     from llmopt.bench.sweep.sweep_state import Sweep
 
 

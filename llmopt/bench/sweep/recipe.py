@@ -9,7 +9,7 @@ from pathlib import Path
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.servers.quantized_serve import parse_quantize
-from llmopt.bench.sweep.config import BenchConfig, ServerSpec
+from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.bench.sweep.habit import Habit
 from llmopt.files import read_toml
 

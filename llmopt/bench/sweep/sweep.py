@@ -21,7 +21,7 @@ from llmopt.bench.rundir import RunDir, machine_info
 from llmopt.bench.servers.quantized_serve import prepare_servers
 from llmopt.bench.servers.server_lifecycle import serving
 from llmopt.bench.slo import parse_slo
-from llmopt.bench.sweep.config import BenchConfig, ServerSpec
+from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.bench.sweep.matrix import Cell, habit_fields, matrix, point_key
 from llmopt.bench.sweep.point_summary import run_cell
 from llmopt.bench.sweep.resume import check_resumable

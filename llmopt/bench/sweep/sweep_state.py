@@ -11,7 +11,7 @@ from typing import IO
 
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.rundir import RunDir
-from llmopt.bench.sweep.config import BenchConfig
+from llmopt.bench.sweep.bench_config import BenchConfig
 from llmopt.bench.sweep.matrix import MatrixEntry
 
 # on_point_start(key, point) returns the callback that sees each of the point's finished records.
