@@ -5,7 +5,7 @@ search.py drives it over a sweep's lengths; it imports neither."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Generator
 from dataclasses import dataclass
 
 
@@ -60,14 +60,15 @@ class SearchResult:
     finished: bool
 
 
-def run_search(search: GoodputSearch, measure: Callable[[float, int], dict | None]) -> SearchResult:
-    """Probe until done. `measure(load, probe number)` gives the point summary of that probe (None:
-    it cannot be measured now, and the search stops unfinished). Each summary gets a "search" entry:
-    its probe number, whether it met the SLOs, and whether its load is the answer."""
+def run_search(search: GoodputSearch) -> Generator[float, dict | None, SearchResult]:
+    """Probe until done: yields each probe's load and is sent back that probe's point summary (None: it
+    cannot be measured now, and the search stops unfinished); returns the result. The caller measures,
+    so a probe is kept in the run before the next is chosen. Each summary gets a "search" entry: its
+    probe number, whether it met the SLOs, and whether its load is the answer."""
     history: list[tuple[float, bool]] = []
     probes: list[dict] = []
     while (load := search.next_load(history)) is not None:
-        summary = measure(load, len(history))
+        summary = yield load
         if summary is None:
             return SearchResult(probes, None, False)
         ok = search.meets(summary)

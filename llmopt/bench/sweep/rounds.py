@@ -13,6 +13,7 @@ which requests.jsonl holds tagged with their run), so --resume finishes a point 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from llmopt.bench.load.client import RequestRecord, Target
@@ -104,9 +105,10 @@ def total_spec(rounds: list[Measured]) -> dict[str, float] | None:
     return spec_delta({}, {k: sum(s.get(k) or 0 for s in grown) for k in SPEC_COUNTERS}) if grown else None
 
 
-def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> None:
+def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> Iterator[dict]:
     """Round 1 of every server config, each started, benched and stopped in turn, then round 2 of
-    every one, ...; a resumed run skips the rounds it has."""
+    every one, ...; a resumed run skips the rounds it has. Yields each point's summary after its last
+    round, while its server still runs (the sweep keeps it in the run before the next point)."""
     entries = list(enumerate(matrix(sweep.config)))
     kept = finished_rounds(sweep.run.read_rounds(), sweep.run.read_records(), sweep.done_keys)
     for round_ in range(sweep.config.rounds):
@@ -120,7 +122,9 @@ def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> No
                 continue
             with serving(sweep.config, sweep.run, server_name, spec) as target:
                 for index, entry in todo:
-                    run_round(sweep, target, (server_name, spec), index, entry, round_, kept)
+                    summary = run_round(sweep, target, (server_name, spec), index, entry, round_, kept)
+                    if summary is not None:
+                        yield summary
 
 
 def run_round(
@@ -131,8 +135,9 @@ def run_round(
     entry: MatrixEntry,
     round_: int,
     kept: dict[str, dict[int, Measured]],
-) -> None:
-    """One round of one point, kept in the run folder; after its last round, the point's summary."""
+) -> dict | None:
+    """One round of one point, kept in the run folder; after its last round, the point's summary
+    (None before)."""
     server_name, spec = server
     key = point_key(server_name, *entry.cell)
     cell_sweep = sweep.for_entry(entry)
@@ -142,13 +147,13 @@ def run_round(
     rounds = kept.setdefault(key, {})
     rounds[round_] = measured
     if len(rounds) < sweep.config.rounds:
-        return
+        return None
     summary = summarize_rounds(
         cell_sweep, target, server_name, spec, entry.cell, [rounds[r] for r in sorted(rounds)]
     )
     if entry.habit is not None:
         summary.update(habit_fields(sweep.config, server_name, entry))
-    sweep.finish_point(summary)
+    return summary
 
 
 def summarize_rounds(

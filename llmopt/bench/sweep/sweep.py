@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from llmopt.bench.bench_error import BenchError
@@ -26,7 +27,7 @@ from llmopt.bench.sweep.matrix import Cell, habit_fields, matrix, point_key
 from llmopt.bench.sweep.point_summary import run_cell
 from llmopt.bench.sweep.resume import check_resumable
 from llmopt.bench.sweep.rounds import finished_runs, run_rounds
-from llmopt.bench.sweep.search import run_searches
+from llmopt.bench.sweep.search import SearchAnswer, run_searches
 from llmopt.bench.sweep.sweep_state import PointStart, Sweep
 
 
@@ -68,15 +69,32 @@ def run_sweep(
             points=done[:],
             done_keys={p["key"] for p in done},
             on_point_start=on_point_start,
-            on_point_done=on_point_done,
-            on_point_skipped=on_point_skipped,
         )
+        told = Notices(on_point_done, on_point_skipped)
         if config.rounds > 1:
-            run_rounds(sweep, targets)
+            for summary in run_rounds(sweep, targets):
+                finish_point(sweep, told, summary)
         else:
             for server_name, spec in targets:
-                run_server(sweep, server_name, spec)
+                run_server(sweep, told, server_name, spec)
     return sweep.points
+
+
+@dataclass
+class Notices:
+    """What the caller (the CLI's progress) is told as the run goes. Only this module tells it: the
+    rounds and the search below return what they finished, and the sweep keeps it and tells."""
+
+    on_point_done: Callable[[dict], None] | None = None
+    on_point_skipped: Callable[[str, str], None] | None = None  # (key, why): --stop-on-saturation
+
+
+def finish_point(sweep: Sweep, told: Notices, summary: dict) -> None:
+    """A finished point kept in the run (summary.json rewritten at once, so a crash keeps it)."""
+    sweep.points.append(summary)
+    sweep.run.write_summaries(sweep.points, sweep.settings)
+    if told.on_point_done:
+        told.on_point_done(summary)
 
 
 def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
@@ -94,13 +112,18 @@ def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
     return done
 
 
-def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
+def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec | None) -> None:
     """The points of one target not yet done; a local server is started for them and stopped after."""
     config = sweep.config
     if config.goodput_search:
         # Probes depend on the results of the earlier ones: a resumed search replays those it has.
         with serving(config, sweep.run, server_name, spec) as target:
-            run_searches(sweep, target, server_name, spec)
+            for found in run_searches(sweep, target, server_name, spec):
+                if isinstance(found, SearchAnswer):
+                    sweep.settings.setdefault("search", []).append(found.entry)
+                    sweep.run.write_summaries(sweep.points, sweep.settings)
+                else:
+                    finish_point(sweep, told, found)
         return
     # A point's place in the matrix seeds its prompts, so a resumed run sends what the first would have.
     todo = [
@@ -112,15 +135,15 @@ def run_server(sweep: Sweep, server_name: str, spec: ServerSpec | None) -> None:
         return
     with serving(config, sweep.run, server_name, spec) as target:
         for index, entry in todo:
-            if skipped(sweep, server_name, entry.cell):
+            if skipped(sweep, told, server_name, entry.cell):
                 continue
             summary = run_cell(sweep.for_entry(entry), target, server_name, spec, index, entry.cell)
             if entry.habit is not None:
                 summary.update(habit_fields(config, server_name, entry))
-            sweep.finish_point(summary)
+            finish_point(sweep, told, summary)
 
 
-def skipped(sweep: Sweep, server_name: str, cell: Cell) -> bool:
+def skipped(sweep: Sweep, told: Notices, server_name: str, cell: Cell) -> bool:
     """With --stop-on-saturation, whether a lower load of the cell's series saturated (stop_on_saturation.py):
     the point is then not run, and the run's settings (`skipped`) and `on_point_skipped` say why."""
     reason = skip_reason(sweep.points, server_name, cell) if sweep.config.stop_on_saturation else None
@@ -129,6 +152,6 @@ def skipped(sweep: Sweep, server_name: str, cell: Cell) -> bool:
     key = point_key(server_name, *cell)
     sweep.settings.setdefault("skipped", []).append({"key": key, "reason": reason})
     sweep.run.write_summaries(sweep.points, sweep.settings)
-    if sweep.on_point_skipped:
-        sweep.on_point_skipped(key, reason)
+    if told.on_point_skipped:
+        told.on_point_skipped(key, reason)
     return True

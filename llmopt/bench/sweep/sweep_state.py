@@ -1,6 +1,7 @@
-"""What every point of a run shares: its settings, its run folder and the summaries so far. The sweep
-makes one and hands it down to rounds.py, search.py and the point's runs and summary; it lives apart from
-sweep.py so that none of those imports the module that imports them (no import circle)."""
+"""What every point of a run shares: its settings, its run folder and the summaries so far, as plain data.
+The sweep makes one and hands it down to rounds.py, search.py and the point's runs and summary, which
+read it and return what they finished (the sweep keeps it); it lives apart from sweep.py so that none of
+those imports the module that imports them (no import circle)."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ class Sweep:
     records_out: IO[str]
     points: list[dict]  # every finished point of the run, old and new, in order
     done_keys: set[str]  # the points finished before this session (on resume)
+    # The CLI's progress for a point's records: the one hook handed down (point_runs.py calls it as a
+    # point starts); what finished comes back up as return values (rounds.py, search.py).
     on_point_start: PointStart | None = None
-    on_point_done: Callable[[dict], None] | None = None
-    on_point_skipped: Callable[[str, str], None] | None = None  # (key, why): --stop-on-saturation
 
     def for_entry(self, entry: MatrixEntry) -> Sweep:
         """What a matrix entry runs with: a habit's points with its settings (prompt length spread,
@@ -40,9 +41,3 @@ class Sweep:
         if entry.habit is None:
             return self
         return dataclasses.replace(self, config=self.config.habit_config(entry.habit))
-
-    def finish_point(self, summary: dict) -> None:
-        self.points.append(summary)
-        self.run.write_summaries(self.points, self.settings)
-        if self.on_point_done:
-            self.on_point_done(summary)
