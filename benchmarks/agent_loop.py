@@ -44,11 +44,7 @@ from harness import (
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.runner import run_point, run_sessions
-from llmopt.bench.workload.agent import agent_conversations
+from llmopt.bench import LoadPoint, LocalServer, Target, agent_conversations, run_point, run_sessions
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 

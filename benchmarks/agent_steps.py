@@ -27,11 +27,10 @@ from harness import MachineLoad
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.conversation import Conversation
-from llmopt.bench.workload.agent import agent_conversations
+from llmopt import SamplingParams
+from llmopt.bench import Conversation, agent_conversations
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.step_log import RequestTrace, StepRecord
 from results import write_result
 

@@ -41,8 +41,7 @@ from harness import MachineLoad
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import free_port
-from llmopt.bench.rundir import RunDir
+from llmopt.bench import RunDir, free_port
 from llmopt.checkpoints import resolve_tokenizer
 from results import write_result
 

@@ -30,12 +30,7 @@ from harness import MachineLoad, tail_latency
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.launcher import free_port
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.runner import run_point
-from llmopt.bench.self_check import client_summary
+from llmopt.bench import BenchRequest, LoadPoint, Target, client_summary, free_port, run_point, summarize
 from results import write_result
 
 CHUNK = b'data: {"choices":[{"index":0,"text":"hi","finish_reason":null}]}\n\n'

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 
-from llmopt.bench.client import BenchRequest
-from llmopt.bench.workload.text import corpus_token_ids, text_of_length
+from llmopt.bench import BenchRequest, corpus_token_ids, text_of_length
 from llmopt.engines.llmopt import llmopt_serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,7 +3,7 @@ the KL divergence of the bundled model's Q4_1 next-token distribution from its f
 measures it (`llmopt eval --reference`) and as llama.cpp's own runtime gives it on the same file.
 
 The text: the first --positions + 1 tokens of the held-out half of the default corpus, tokenized by
-llmopt's tokenizer (llmopt/evaluate/data.py); every position 0..N-1 is compared on its distribution
+llmopt's tokenizer (llmopt/evaluate/eval_text.py); every position 0..N-1 is compared on its distribution
 of the next token. The four distributions per position:
 
 - llmopt Q4_1: our engine in-process on the bundled GGUF, `--dtype auto` (the native Q4_1 kernels);
@@ -41,9 +41,9 @@ from harness import MachineLoad, ServeSubject, peer_installed
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer
+from llmopt.bench import LocalServer
 from llmopt.checkpoints import bundled_gguf_path, cache_dir, load_tokenizer, resolve_model
-from llmopt.evaluate.data import eval_windows, split_tokens
+from llmopt.evaluate.eval_text import eval_windows, split_tokens
 from llmopt.evaluate.kl_divergence import KLAccumulator, KLStats
 from llmopt.evaluate.perplexity import engine_scorer
 from results import write_result

@@ -35,7 +35,7 @@ from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import int8_kv_cache
 from llmopt.engine.model_runner import ModelRunner
-from llmopt.evaluate.data import eval_windows, split_tokens
+from llmopt.evaluate.eval_text import eval_windows, split_tokens
 from llmopt.evaluate.perplexity import window_nll
 from results import write_result
 

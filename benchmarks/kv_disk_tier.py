@@ -39,15 +39,21 @@ from harness import SERVED, CorpusCursor, MachineLoad, fresh_kv_dir, peer_instal
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target, send
-from llmopt.bench.conversation import Conversation, ToolCall, Turn
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.loops import client_session
-from llmopt.bench.server_stats import parse_metrics
-from llmopt.bench.workload.agent import SYSTEM_HEADER, TOOLS
-from llmopt.bench.workload.text import count_tokens, text_of_length
+from llmopt.bench import AGENT_SYSTEM_HEADER as SYSTEM_HEADER
+from llmopt.bench import AGENT_TOOLS as TOOLS
+from llmopt.bench import (
+    Conversation,
+    Target,
+    ToolCall,
+    Turn,
+    client_session,
+    count_tokens,
+    llmopt_server,
+    parse_metrics,
+    send,
+    text_of_length,
+)
 from llmopt.checkpoints import load_tokenizer
-from llmopt.engines.llmopt import llmopt_serve_argv
 from results import write_result
 
 MODEL = Path.home() / ".cache" / "llmopt" / "gguf" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -132,7 +138,7 @@ def run_subject(name: str, shape: Shape, convs: list[Conversation], console: Con
     answers: list[list[str]] = [[] for _ in convs]
     result: dict = {"phases": {}, "disk": {}}
     for run, phases in (("before restart", PHASES[:2]), ("after restart", PHASES[2:])):
-        with LocalServer(lambda port: llmopt_serve_argv(port, args), ready_timeout_s=900, env=env) as server:
+        with llmopt_server(args, ready_timeout_s=900, env=env) as server:
             target = Target(endpoint=server.url + "/v1", model=SERVED, api="chat")
             for phase in phases:
                 rows = asyncio.run(take_turn(target, convs, PHASES.index(phase), answers))

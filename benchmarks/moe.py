@@ -25,10 +25,10 @@ from harness import MachineLoad, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
+from llmopt import SamplingParams
 from llmopt.checkpoints import reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.sampling_params import SamplingParams
 from results import write_result
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -19,11 +19,7 @@ from harness import CorpusCursor, MachineLoad, ServeSubject, peer_installed
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.request_metrics import summarize
-from llmopt.bench.runner import run_point
+from llmopt.bench import LoadPoint, LocalServer, Target, run_point, summarize
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 

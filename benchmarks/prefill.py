@@ -33,10 +33,7 @@ from harness import (
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import Target
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.runner import run_point
+from llmopt.bench import LoadPoint, LocalServer, Target, run_point
 from llmopt.checkpoints import load_tokenizer, resolve_model
 from results import write_result
 

@@ -28,9 +28,9 @@ from harness import CorpusCursor, MachineLoad
 from rich.console import Console
 from rich.table import Table
 
+from llmopt import SamplingParams
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.sampling_params import SamplingParams
 from results import write_result
 
 PARTS = ("schedule", "batch tensors", "layers", "output layer")

@@ -23,13 +23,13 @@ from harness import MachineLoad, rotated, spread
 from rich.console import Console
 from rich.table import Table
 
+from llmopt import SamplingParams
 from llmopt.checkpoints import reference_folder
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.sampling_params import SamplingParams
 from llmopt.evaluate.perplexity import perplexity
+from llmopt.quant.quant_report import REPORT_FILE, checkpoint_size_mb
 from llmopt.quant.quantize import QuantizeConfig, quantize
-from llmopt.quant.report import REPORT_FILE, checkpoint_size_mb
 from results import RESULTS, write_result
 
 METHODS = ("int8", "gptq", "awq")

@@ -12,7 +12,7 @@ Per server and round, streamed chat with greedy sampling:
 The one-stream rows also show the share of the machine's read bandwidth the decode implies: the bytes
 of weights a decode step reads (llmopt's /metrics `llmopt:decode_weight_bytes`; for llama.cpp the same
 file's bytes less its embedding, which a step reads one row of) over the time per output token (TPOT), against
-the measured bandwidth (llmopt/bench/memory_bandwidth.py). Speculation rows say llmopt's acceptance
+the measured bandwidth (llmopt/bench/observe/memory_bandwidth.py). Speculation rows say llmopt's acceptance
 and tokens per verification step (its /metrics).
 
 Default model: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (`make real-models`). Refuses a busy machine (1-minute
@@ -46,12 +46,15 @@ from real_models import assemble
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.client import BenchRequest, Target
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.memory_bandwidth import read_bandwidth_gbs
-from llmopt.bench.runner import run_point
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench import (
+    BenchRequest,
+    LoadPoint,
+    LocalServer,
+    Target,
+    parse_metrics,
+    read_bandwidth_gbs,
+    run_point,
+)
 from llmopt.checkpoints import load_tokenizer
 from llmopt.gguf_file import read_gguf_file
 from results import write_result

@@ -5,7 +5,7 @@ tokens, concurrency 1, 4, 16, keep-alive on, two rounds) with its configs replac
 --quantized llmopt checkpoint, llama.cpp on an F32 copy of the bundled GGUF (exactly the fp32 weights
 llmopt serves) and llama.cpp on the bundled Q4_1 GGUF (what its users run). `llmopt bench` runs them as it
 runs the recipe: one server at a time, round 1 of every server then round 2 of every one, fresh prompts
-per round and the same for every server within one (llmopt/bench/rounds.py). Writes the run folder
+per round and the same for every server within one (llmopt/bench/sweep/rounds.py). Writes the run folder
 results/serve_vs_llamacpp/ (summary.json, requests, report.html) and results/serve_vs_llamacpp.json, and
 prints each server's output tok/s over llmopt fp32's and llama.cpp's. Issue #35's goal at 16 streams:
 llmopt with no flags >= 2x llmopt fp32 and >= 3x llama.cpp Q4_1. The run refuses to start when the
@@ -31,10 +31,7 @@ from harness import MachineLoad, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.bench_error import BenchError
-from llmopt.bench.config import BenchConfig, ServerSpec
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.rundir import RunDir
+from llmopt.bench import BenchConfig, BenchError, RunDir, ServerSpec, load_recipe
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
 from llmopt.cli.bench_run import run_bench
 from results import RESULTS, write_result

@@ -36,10 +36,8 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench import LocalServer, llmopt_server, parse_metrics
 from llmopt.corpus import default_text
-from llmopt.engines.llmopt import llmopt_serve_argv
 from results import write_result
 
 MAX_REQUESTS_PER_CLIENT = 1_000_000  # the soak is bounded by time; this only bounds the loop by count
@@ -482,9 +480,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="llmopt-soak-"))
     command = server_args(args)
     console.print(f"llmopt serve {' '.join(command)}; bench runs and the server log in {workdir}")
-    server = LocalServer(
-        lambda port: llmopt_serve_argv(port, command), ready_timeout_s=180, log_path=workdir / "server.log"
-    )
+    server = llmopt_server(command, ready_timeout_s=180, log_path=workdir / "server.log")
     with server:
         result = asyncio.run(soak(server, args, workdir))
     problems = verdict(result)

@@ -24,10 +24,10 @@ from harness import MachineLoad, rotated
 from rich.console import Console
 from rich.table import Table
 
+from llmopt import SamplingParams
 from llmopt.checkpoints import resolve_model
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.sampling_params import SamplingParams
 from results import write_result
 
 PASSAGES = [

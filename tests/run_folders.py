@@ -1,6 +1,6 @@
 """Synthetic bench run folders, written as the bench writes them (bench/rundir.py,
-bench/request_metrics.py), for the tests of `llmopt cost --run` and `llmopt report --fail-if`: no model and
-no server needed."""
+bench/measure/request_metrics.py), for the tests of `llmopt cost --run` and `llmopt report --fail-if`: no
+model and no server needed."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import parse_slo, summarize
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.slo import parse_slo
 
 
 @dataclass

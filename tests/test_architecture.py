@@ -1,5 +1,7 @@
-"""The layout is the architecture: imports run one way, down the layers, and no function needs a scroll
-bar. Both checks read the source (ast), so lazy imports inside functions count too."""
+"""The layout is the architecture: imports run one way, down the layers (and inside the bench, down its
+wings), and no function needs a scroll bar. The checks read the source (ast), so lazy imports inside
+functions count too, and so do imports under `if TYPE_CHECKING:` where circles are looked for: a circle
+closed only by a type hint still ties the modules into one."""
 
 from __future__ import annotations
 
@@ -45,6 +47,33 @@ ONLY_THROUGH: dict[str, dict[str, set[str]]] = {
     "report": {"bench": {"llmopt.bench.rundir"}},
     "engines": {"engine": {"llmopt.engine.config"}},
 }
+# The bench's wings (issue #54): what each may import of the others. The data runs recipe -> sweep ->
+# load -> measure -> run folder -> report: the sweep reads the recipe and drives every other wing;
+# servers start what the load is sent to (its Target); the load sends a workload's requests and reads
+# the observers' meters beside them; the measures read what the load recorded (and what the observers
+# read) into figures. The top modules (the run folder's contract and the few settings every wing reads)
+# import no wing. An arrow not listed here runs back up, and the test below names it.
+BENCH_TOP = "top"
+WING_ALLOWED: dict[str, set[str]] = {
+    "sweep": {"servers", "load", "measure", "observe", "workload"},
+    "servers": {"load"},
+    "load": {"observe", "workload"},
+    "measure": {"load", "observe"},
+    "observe": set(),
+    "workload": set(),
+    BENCH_TOP: set(),
+}
+# Circles closed by a type-only import that are not the bench's (issue #54 left the server alone): the
+# Messages and Responses handlers take the routes object as a type hint, the routes import the handlers.
+TYPE_ONLY_CIRCLES_LEFT = [
+    [
+        "llmopt.server.messages_api",
+        "llmopt.server.messages_events",
+        "llmopt.server.responses_api",
+        "llmopt.server.responses_events",
+        "llmopt.server.routes",
+    ]
+]
 MAX_FUNCTION_LINES = 60
 
 
@@ -91,17 +120,17 @@ def type_checking_lines(tree: ast.Module) -> set[int]:
     return lines
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE, type_only: bool = True) -> dict[str, set[str]]:
     """module -> the llmopt modules it imports (lazy ones too; `from pkg import mod` is an arrow to
-    pkg.mod, not to pkg; imports under `if TYPE_CHECKING:` are no arrows)."""
+    pkg.mod, not to pkg); imports under `if TYPE_CHECKING:` are arrows unless `type_only` is False."""
     modules = {module_name(path, root): path for path in root.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        type_only = type_checking_lines(tree)
+        skipped = set() if type_only else type_checking_lines(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
-            if getattr(node, "lineno", None) in type_only:
+            if getattr(node, "lineno", None) in skipped:
                 continue
             if isinstance(node, ast.Import):
                 graph[name] |= {a.name for a in node.names if a.name in modules}
@@ -116,9 +145,10 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     return graph
 
 
-def import_circles(root: Path = PACKAGE) -> list[list[str]]:
-    """Every set of modules that import each other round a circle (Tarjan's strongly connected parts)."""
-    graph, index, low, stack, on_stack, circles = import_graph(root), {}, {}, [], set(), []
+def import_circles(root: Path = PACKAGE, type_only: bool = True) -> list[list[str]]:
+    """Every set of modules that import each other round a circle (Tarjan's strongly connected parts);
+    with `type_only`, imports under `if TYPE_CHECKING:` close circles too."""
+    graph, index, low, stack, on_stack, circles = import_graph(root, type_only), {}, {}, [], set(), []
 
     def visit(node: str) -> None:
         index[node] = low[node] = len(index)
@@ -156,6 +186,29 @@ def back_imports(root: Path = PACKAGE) -> list[str]:
             through = ONLY_THROUGH.get(here, {}).get(there)
             if there not in ALLOWED.get(here, set()) or (through is not None and module not in through):
                 wrong.append(f"{path.relative_to(root.parent)}:{line}: {here} imports {module}")
+    return wrong
+
+
+def wing_of(module: str) -> str | None:
+    """'llmopt.bench.load.client' -> 'load'; 'llmopt.bench.rundir' -> BENCH_TOP; None outside the bench
+    and for the bench's own face (llmopt/bench/__init__.py), which may name any wing."""
+    names = module.split(".")
+    if names[:2] != ["llmopt", "bench"] or len(names) < 3:
+        return None
+    return names[2] if names[2] in WING_ALLOWED else BENCH_TOP
+
+
+def wrong_wing_arrows(root: Path = PACKAGE) -> list[str]:
+    """Every import of one bench wing by another that WING_ALLOWED does not list, type-only ones too."""
+    graph, wrong = import_graph(root), []
+    for module in sorted(graph):
+        here = wing_of(module)
+        for there in sorted(graph[module]):
+            wing = wing_of(there)
+            if here is None or wing is None or wing == here:
+                continue
+            if wing != BENCH_TOP and wing not in WING_ALLOWED[here]:
+                wrong.append(f"{module} ({here}) imports {there} ({wing})")
     return wrong
 
 
@@ -203,10 +256,38 @@ def test_the_report_reaching_past_the_run_folder_is_caught(tmp_path):
 
 
 def test_no_modules_import_each_other_round_a_circle():
-    assert import_circles() == []
+    assert import_circles() == TYPE_ONLY_CIRCLES_LEFT
 
 
-def test_an_import_circle_is_caught_a_type_hint_is_not(tmp_path):
+def test_no_bench_module_sits_in_a_circle_even_through_a_type_hint():
+    assert [c for c in import_circles() if any(m.startswith("llmopt.bench") for m in c)] == []
+
+
+def test_the_bench_wings_import_only_down_their_arrows():
+    assert wrong_wing_arrows() == []
+
+
+def test_a_wrong_wing_arrow_is_caught(tmp_path):
+    fake = tmp_path / "llmopt"
+    for wing in ("sweep", "load", "measure"):
+        (fake / "bench" / wing).mkdir(parents=True)
+        (fake / "bench" / wing / "__init__.py").write_text("")
+    (fake / "bench" / "__init__.py").write_text("from llmopt.bench.sweep import sweep\n")  # the face: free
+    (fake / "bench" / "rundir.py").write_text("")
+    (fake / "bench" / "sweep" / "sweep.py").write_text("from llmopt.bench.load import client\n")
+    (fake / "bench" / "load" / "client.py").write_text("from llmopt.bench.rundir import RunDir\n")
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from llmopt.bench.sweep import sweep\n"
+    (fake / "bench" / "load" / "runner.py").write_text(typed)
+    (fake / "bench" / "measure" / "metrics.py").write_text("from llmopt.bench.load import client\n")
+    lazy = "def f():\n    from llmopt.bench.sweep import sweep\n"
+    (fake / "bench" / "measure" / "late.py").write_text(lazy)
+    assert wrong_wing_arrows(fake) == [
+        "llmopt.bench.load.runner (load) imports llmopt.bench.sweep.sweep (sweep)",
+        "llmopt.bench.measure.late (measure) imports llmopt.bench.sweep.sweep (sweep)",
+    ]
+
+
+def test_an_import_circle_is_caught_a_type_hint_too_where_asked(tmp_path):
     fake = tmp_path / "llmopt"
     (fake / "bench").mkdir(parents=True)
     (fake / "bench" / "__init__.py").write_text("")
@@ -215,7 +296,9 @@ def test_an_import_circle_is_caught_a_type_hint_is_not(tmp_path):
     (fake / "bench" / "config.py").write_text("from llmopt.bench.workload import WORKLOADS\n")
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from llmopt.bench.config import C\n"
     (fake / "bench" / "workload.py").write_text(typed)
-    assert import_circles(fake) == [["llmopt.bench.runner", "llmopt.bench.workers"]]
+    assert import_circles(fake, type_only=False) == [["llmopt.bench.runner", "llmopt.bench.workers"]]
+    typed_circle = ["llmopt.bench.config", "llmopt.bench.workload"]
+    assert import_circles(fake) == [typed_circle, ["llmopt.bench.runner", "llmopt.bench.workers"]]
 
 
 def test_no_function_needs_a_scroll_bar():

@@ -55,7 +55,7 @@ def test_every_source_file_is_named_in_the_architecture_doc():
 
 
 def test_a_file_left_out_of_the_doc_is_caught():
-    files = [Path("bench/sweep.py"), Path("engine/models/loader.py"), Path("report/template.html.j2")]
+    files = [Path("bench/sweep/sweep.py"), Path("engine/models/loader.py"), Path("report/template.html.j2")]
     doc = "| `llmopt/bench/` | `sweep.py` (the sweep alone) |\n| `models/loader.py`, `other.py` | weights |\n"
     assert missing_from(doc, files) == ["report/template.html.j2"]
     unquoted = doc + "the template (template.html.j2, outside backticks)"

@@ -4,10 +4,10 @@
     summary.json         {"settings": ..., "points": [point summary, ...]}, rewritten after every point
     summary.csv          the same points as a table
     turns.csv            multi-turn runs: one row per point and turn index (TTFT, E2E, cached fraction)
-    server_metrics.jsonl the server's /metrics sampled during each point (bench/server_metrics.py), one
-                         JSON line per sample with its point's key and run, written as each run ends
+    server_metrics.jsonl the server's /metrics sampled during each point (observe/server_metrics.py),
+                         one JSON line per sample with its point's key and run, written as each run ends
     server-<name>.log    the output of each local server the run started
-    rounds.jsonl         runs with rounds (bench/rounds.py): one JSON line per finished round of a point,
+    rounds.jsonl         runs with rounds (sweep/rounds.py): one JSON line per finished round of a point,
                          what its runs measured besides their records, so that --resume can finish the
                          point with the rounds it already has
     report.html          the HTML report
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from llmopt.bench.redact import redact_args
-from llmopt.bench.request_metrics import parse_slo
+from llmopt.bench.slo import parse_slo
 from llmopt.files import jsonl_records
 
 RECORDS = "requests.jsonl"

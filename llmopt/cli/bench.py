@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import fail, float_list, int_list
+from llmopt.cli.shared_options import fail, float_list, int_list
 
 # The options that are bench settings. Every one a recipe can set defaults to None, meaning "not given"
 # (BenchConfig holds the real defaults), so a given value overrides the recipe even when it equals the

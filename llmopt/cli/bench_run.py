@@ -11,15 +11,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.config import BenchConfig, with_overrides
-from llmopt.bench.load_point import LoadPoint
-from llmopt.bench.recipe import load_recipe
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir, run_folder_name
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.bench_config import BenchConfig, with_overrides
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import ModelError, load_tokenizer, resolve_tokenizer
-from llmopt.cli.options import console, fail
 from llmopt.cli.render import client_warning, natural_width, results_table, turns_table
+from llmopt.cli.shared_options import console, fail
 from llmopt.report.machine_cost import cost_source_lines
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmopt.cli import render
-from llmopt.cli.options import fail
+from llmopt.cli.shared_options import fail
 
 if TYPE_CHECKING:  # the cost model is imported when the command runs
     from llmopt.cost.conversation_shape import ConversationShape

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import DTYPE_HELP, ModelArg, fail
+from llmopt.cli.shared_options import DTYPE_HELP, ModelArg, fail
 
 
 def evaluate(

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import DTYPE_HELP, SPEC_HELP, console, fail
+from llmopt.cli.shared_options import DTYPE_HELP, SPEC_HELP, console, fail
 
 
 def generate(

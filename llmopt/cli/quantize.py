@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from llmopt.cli.options import ModelArg, console, fail
+from llmopt.cli.shared_options import ModelArg, console, fail
 
 if TYPE_CHECKING:  # rich.progress loads when the command runs, not on every `llmopt` start
     from rich.progress import Progress
@@ -46,9 +46,9 @@ def quantize(
     from llmopt.checkpoints import ModelError
     from llmopt.cli.render import quant_table
     from llmopt.quant.out_folder import CheckpointWriteError
+    from llmopt.quant.quant_report import REPORT_FILE
     from llmopt.quant.quantize import QuantizeConfig, QuantStackMissing
     from llmopt.quant.quantize import quantize as run_quantize
-    from llmopt.quant.report import REPORT_FILE
 
     logging.basicConfig(level=logging.WARNING)
     progress, step = progress_steps()

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only 
     from llmopt.cost.workload import PricedWorkload
     from llmopt.evaluate.kl_divergence import KLStats
     from llmopt.pricing import PricingModel
-    from llmopt.quant.report import QuantReport
+    from llmopt.quant.quant_report import QuantReport
     from llmopt.report.verdict import Check
 
 
@@ -42,7 +42,7 @@ def results_table(points: list[dict], percentile: str = "p99") -> Table:
     return table
 
 
-# Where most of a turn's prompt came from (bench/session_metrics.py's prefix sources), as headed here.
+# Where most of a turn's prompt came from (bench/measure/session_metrics.py's prefix sources), as headed here.
 PREFIX_COLUMNS = (
     ("ram", "TTFT, prefix in RAM"),
     ("disk", "TTFT, prefix from disk"),
@@ -101,7 +101,7 @@ def natural_width(table: Table) -> int:
 
 
 def client_warning(summary: dict) -> Text | None:
-    """The warning for a point whose client, not the server, was the limit (bench/self_check.py); None
+    """The warning for a point whose client, not the server, was the limit (bench/load/self_check.py); None
     for any other point."""
     client = summary.get("client") or {}
     if not client.get("limited"):

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from llmopt.cli import render
-from llmopt.cli.options import console, fail
+from llmopt.cli.shared_options import console, fail
 
 FAIL_IF_HELP = (
     "e.g. 'ttft_p99>+10%,output_throughput<-5%': exit 1 when a condition holds at any point of a later "

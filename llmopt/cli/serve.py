@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from llmopt.cli.options import DTYPE_HELP, SPEC_HELP, ModelArg, fail
+from llmopt.cli.shared_options import DTYPE_HELP, SPEC_HELP, ModelArg, fail
 from llmopt.engine.config import KV_CACHE_DTYPES
 from llmopt.engines.options import API, API_KEY_ENV, ENGINE, LISTENER, ServeOptions
 
@@ -89,9 +89,9 @@ def serve(
 
 def serve_on(engine: str, options: ServeOptions, engine_python: str | None, dry_run: bool) -> None:
     """Run `options` on `engine`: a peer through llmopt.engines, llmopt's own engine here."""
-    from llmopt.engines.errors import EngineError
+    from llmopt.engines.engine_error import EngineError
     from llmopt.engines.llmopt import unsupported
-    from llmopt.engines.serve import serve_engine
+    from llmopt.engines.serve_engine import serve_engine
 
     if options.kv_cache_dtype not in KV_CACHE_DTYPES:
         given = options.kv_cache_dtype

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from llmopt.checkpoints import served_name
 from llmopt.engines.command import EngineCommand
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.handoff import llama_cpp_model
 from llmopt.engines.options import API_KEY_ENV, ServeOptions, refuse_unmapped
 

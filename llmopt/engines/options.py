@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt.engine.config import EngineConfig
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 
 API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` (and llama.cpp's launcher) read the API key
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt.engines.command import EngineCommand
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.llama_cpp import llama_cpp_command
 from llmopt.engines.llmopt import llmopt_command
 from llmopt.engines.options import ServeOptions

@@ -1,7 +1,7 @@
 """A server in a child process, whichever engine it runs: started with its environment (its output to a
 log when the caller keeps one), polled on its readiness route until it answers, and stopped with a
 signal, then SIGKILL once the grace period is over. `llmopt serve --engine ...` (foreground.py) and the
-bench (bench/launcher.py) both start their servers through it."""
+bench (bench/servers/launcher.py) both start their servers through it."""
 
 from __future__ import annotations
 

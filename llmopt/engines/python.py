@@ -8,7 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.peers import Peer
 
 

@@ -8,7 +8,7 @@ import os
 
 from llmopt.checkpoints import served_name
 from llmopt.engines.command import EngineCommand
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.handoff import converted_for_vllm, vllm_model
 from llmopt.engines.options import ServeOptions, refuse_unmapped
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from llmopt.evaluate.data import Window, eval_windows, split_tokens
+from llmopt.evaluate.eval_text import Window, eval_windows, split_tokens
 from llmopt.evaluate.kl_divergence import KLAccumulator, KLStats
 
 BACKENDS = ("engine", "transformers")

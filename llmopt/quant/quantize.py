@@ -31,8 +31,8 @@ from llmopt.quant.out_folder import (
     refuse_source_overlap,
     remove_stale_staging,
 )
+from llmopt.quant.quant_report import QuantReport, checkpoint_size_mb, decode_speed, write_report
 from llmopt.quant.recipes import BITS, CALIBRATION_SAMPLES, METHODS, PIPELINES, choose_group_size, recipe
-from llmopt.quant.report import QuantReport, checkpoint_size_mb, decode_speed, write_report
 
 INSTALL_HINT = "pip install 'llmopt[quant]'"
 
@@ -90,7 +90,7 @@ def quantize(
 ) -> QuantReport:
     """Quantize `config.model` into `config.out`; `step(description)` wraps each long step (progress)."""
     from llmopt.checkpoints import load_tokenizer, resolve_model
-    from llmopt.evaluate.data import calibration_samples, split_tokens
+    from llmopt.evaluate.eval_text import calibration_samples, split_tokens
 
     # Before any work: an --out over the source would be deleted by --overwrite, or written into it.
     refuse_source_overlap(config.out, model_sources(config.model))

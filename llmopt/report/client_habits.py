@@ -1,12 +1,12 @@
-"""The report's client-habits section: for each habit of a run (a recipe's [[habit]], bench/habit.py),
+"""The report's client-habits section: for each habit of a run (a recipe's [[habit]], bench/sweep/habit.py),
 what its one change did to TTFT, E2E and throughput against the baseline point of the same run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmopt.report.data import Run
 from llmopt.report.format import fmt
+from llmopt.report.runs import Run
 
 HEADERS = [
     "server",

@@ -21,7 +21,7 @@ from llmopt.report.cost_format import (
     break_even_title,
     run_bill_title,
 )
-from llmopt.report.data import Run
+from llmopt.report.runs import Run
 
 TOKEN_LINES = 8  # token prices drawn per plot: more lines than this no longer read
 

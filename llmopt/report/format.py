@@ -77,10 +77,10 @@ POINT_COLUMNS = [
     PointColumn("tok/chunk", "tokens_per_chunk", digits=2, report_header="tokens per chunk"),
     PointColumn("E2E med", "e2e_ms", "median", digits=0, unit="ms"),
     PointColumn("goodput", "goodput", digits=2, unit="req/s"),
-    # The requests whose latencies count (bench/steady_state.py), and whether the point saturated
+    # The requests whose latencies count (bench/measure/steady_state.py), and whether the point saturated
     PointColumn("steady", "steady_state", "kept", report_header="steady state", unit="requests"),
     PointColumn("sat", "saturated", flag=True, report_header="saturated"),
-    # The serving machine's cost of a token (bench/token_cost.py): "-" where it could not be read
+    # The serving machine's cost of a token (bench/measure/token_cost.py): "-" where it could not be read
     PointColumn(
         "CPU s/1k tok", "cpu_s_per_1k_tokens", digits=2, report_header="server CPU", unit="s per 1k out"
     ),

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from llmopt.cost.from_run import SLO_ATTAINMENT
 from llmopt.report.cost_section import CostBlock
-from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
+from llmopt.report.runs import Run, load_value
 
 HEADERS = [
     "run",
@@ -49,7 +49,7 @@ def slo_load(points: list[dict]) -> tuple[dict | None, str]:
 
 
 def headline(run: Run, server: str, block: CostBlock | None) -> Headline:
-    # A client habit's points (bench/habit.py) measure the client's choices, not the server config.
+    # A client habit's points (bench/sweep/habit.py) measure the client's choices, not the server config.
     points = [p for p in run.points if p["server"] == server and not p.get("habit")]
     ok = [p for p in points if p.get("successful")]
     fastest = max(ok, key=lambda p: p["output_throughput"], default=None)

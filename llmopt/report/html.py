@@ -15,7 +15,6 @@ from llmopt.report import plots, server_metrics_section
 from llmopt.report.client_habits import HEADERS as HABIT_HEADERS
 from llmopt.report.client_habits import habit_tables
 from llmopt.report.cost_section import cost_blocks
-from llmopt.report.data import Run, load_run
 from llmopt.report.format import fmt, point_columns
 from llmopt.report.headline import HEADERS as HEADLINE_HEADERS
 from llmopt.report.headline import headlines
@@ -23,6 +22,7 @@ from llmopt.report.machine_cost import cost_source_lines
 from llmopt.report.point_notes import point_notes
 from llmopt.report.quantization import HEADERS as QUANTIZATION_HEADERS
 from llmopt.report.quantization import quantization_sections
+from llmopt.report.runs import Run, load_run
 from llmopt.report.verdict import VERDICT_HEADERS, Check, verdict_cells
 
 DELTA_METRICS = [

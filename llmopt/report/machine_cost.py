@@ -1,5 +1,5 @@
-"""Where each server's machine-cost figures came from (bench/token_cost.py): a line per server under the
-per-point table, in the console and the report, so a "-" in the CPU or energy column says why, e.g.
+"""Where each server's machine-cost figures came from (bench/measure/token_cost.py): a line per server
+under the per-point table, in the console and the report, so a "-" in the CPU or energy column says why, e.g.
 "energy per token: not available here (no /sys/class/powercap)"."""
 
 from __future__ import annotations

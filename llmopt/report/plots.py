@@ -15,7 +15,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from llmopt.cost.break_even import conversation_cost, max_turns  # noqa: E402
 from llmopt.cost.conversation_shape import ConversationShape  # noqa: E402
 from llmopt.pricing import PricingModel, Usage  # noqa: E402
-from llmopt.report.data import Run, load_value  # noqa: E402
+from llmopt.report.runs import Run, load_value  # noqa: E402
 
 STYLES = {"p50": "-", "p90": "--", "p99": ":"}
 # Cost plots: token prices in colour, prices per request dotted in one dark grey, told apart by marker.

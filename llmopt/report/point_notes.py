@@ -1,10 +1,10 @@
 """The notes under a run's table of points: the steady state its latency and throughput figures are over
-(bench/steady_state.py), each point that saturated with what showed it (bench/saturation.py), and each
-point --stop-on-saturation skipped. Runs written before the bench measured these get none."""
+(bench/measure/steady_state.py), each point that saturated with what showed it (bench/load/saturation.py),
+and each point --stop-on-saturation skipped. Runs written before the bench measured these get none."""
 
 from __future__ import annotations
 
-from llmopt.report.data import Run
+from llmopt.report.runs import Run
 
 
 def steady_note(points: list[dict]) -> str | None:

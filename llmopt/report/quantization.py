@@ -1,6 +1,6 @@
 """The report's quantization section: for a run whose `[[serve]]` configs quantize the model
-(bench/quantized_serve.py), each config's quality against its output throughput and against its cost per
-1M output tokens, with the Pareto front: the configs that no other config beats on both, i.e. the
+(bench/servers/quantized_serve.py), each config's quality against its output throughput and against its
+cost per 1M output tokens, with the Pareto front: the configs that no other config beats on both, i.e. the
 quantizations worth deploying.
 
 Quality is the mean KL divergence of the config's next-token distribution from the source's in float32
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from llmopt.cost.from_run import slo_point
 from llmopt.pricing import PricingModel, Usage
 from llmopt.report import plots
-from llmopt.report.data import Run
 from llmopt.report.format import fmt, money
+from llmopt.report.runs import Run
 
 # What each quality measure is called on the axis and in the headings.
 QUALITY_LABELS = {"kld": "mean KL divergence from the fp32 source", "perplexity": "perplexity"}

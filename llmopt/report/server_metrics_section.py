@@ -1,9 +1,9 @@
 """The report's server-metrics section: what the server said about itself during each point (its
-/metrics sampled by the bench, bench/server_metrics.py) as a table row per point, and for the busiest
+/metrics sampled by the bench, bench/observe/server_metrics.py) as a table row per point, and for the busiest
 points its running and waiting requests, KV cache use, prefix-cache hit rate and speculation acceptance
 over time, drawn beside the client's per-request timeline of the same point: a point that was slow
 shows whether requests queued, the KV cache filled, or the cache missed. Every engine's figures are in
-the bench's one set of names (bench/metric_names.py), so llmopt, vLLM and llama.cpp points share one
+the bench's one set of names (bench/observe/metric_names.py), so llmopt, vLLM and llama.cpp points share one
 table; a figure an engine does not publish reads "-"."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from llmopt.bench.rundir import RunDir
-from llmopt.report.data import Run, load_value
 from llmopt.report.format import fmt
 from llmopt.report.plots import draw_timeline, to_svg
+from llmopt.report.runs import Run, load_value
 
 HEADERS = [
     "server",

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmopt.report.data import Run
 from llmopt.report.format import fmt
+from llmopt.report.runs import Run
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 STATS = ("mean", "median", "p50", "p90", "p95", "p99")

@@ -9,7 +9,7 @@ from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.structured.request import StructuredOutput
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.protocol import ChatCompletionRequest, SamplingRequest
 from llmopt.server.request_group import RequestGroup

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from llmopt.engine.engine_thread import EngineThread
 from llmopt.server.access_log import AccessLog
 from llmopt.server.auth import APIKeyCheck
-from llmopt.server.errors import APIError, install_error_handlers
+from llmopt.server.error_bodies import APIError, install_error_handlers
 from llmopt.server.metrics import ServerMetrics
 from llmopt.server.routes import build_router
 from llmopt.server.settings import ServerSettings

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 
 # /health and /metrics for probes and scrapers; the OpenAPI schema and its pages describe routes and hold
 # no data (schemathesis reads the schema without a key).

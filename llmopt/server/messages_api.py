@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmopt.server.chat_call import ChatCall
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.messages_events import MessageFrame, message_body, message_events
 from llmopt.server.protocol import (
     MAX_TOOLS,

@@ -24,7 +24,7 @@ from fastapi import Request
 
 from llmopt.server.chat_call import StartedChat
 from llmopt.server.deltas import Delta, choice_deltas
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.responses import ResponseUsage, abort_on_disconnect
 from llmopt.server.tool_parsers import Piece, ToolCallDelta
 

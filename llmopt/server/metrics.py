@@ -188,7 +188,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self.registry.register(EngineCollector(engine, model_name))
         # process_cpu_seconds_total and the like, as a default Prometheus registry has them: a bench run
-        # against this server from elsewhere reads its CPU time per token from them (bench/machine_meter.py).
+        # against this server from elsewhere reads its CPU time per token from them
+        # (bench/observe/machine_meter.py).
         ProcessCollector(registry=self.registry)
         self.ttft = BothNames(
             self.registry, "time_to_first_token_seconds", "Time to first token.", model_name

@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llmopt.engine.outputs import RequestOutput
-from llmopt.server.errors import APIError, aborted_error, request_failed
+from llmopt.server.error_bodies import APIError, aborted_error, request_failed
 from llmopt.server.logprobs import LogprobsWriter
 from llmopt.server.protocol import SamplingRequest
 from llmopt.server.request_group import RequestGroup

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmopt.server.auth import owner_of
 from llmopt.server.chat_call import ChatCall
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.protocol import (
     MAX_TOOLS,
     TOOL_NAME_PATTERN,

@@ -19,7 +19,7 @@ from llmopt.engine.engine_thread import EngineThread
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.server.admission import Admission
 from llmopt.server.chat_call import ChatCall, StartedChat
-from llmopt.server.errors import APIError, renamed
+from llmopt.server.error_bodies import APIError, renamed
 from llmopt.server.logprobs import LogprobsWriter, TokenTexts
 from llmopt.server.messages_api import MessagesAPI
 from llmopt.server.metrics import ServerMetrics

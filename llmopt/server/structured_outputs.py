@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from llmopt.engine.llm_engine import LLMEngine
 from llmopt.engine.structured.compiler import COMPILE_TIMEOUT_S
 from llmopt.engine.structured.request import StructuredOutput
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.protocol import SamplingRequest
 
 MAX_SPEC_CHARS = 100_000  # a schema, regex or grammar; its compile time grows with it

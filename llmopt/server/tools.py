@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from llmopt.engine.structured.request import StructuredOutput
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.protocol import ChatMessage, FunctionDefinition, NamedToolChoice, ToolDefinition
 from llmopt.server.structured_outputs import schema_object
 from llmopt.server.tool_parsers import (

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import summarize
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import CSV_FIELDS, RunDir
-from llmopt.report.data import load_run
+from llmopt.report.runs import load_run
 
 
 def point(key: str, load: str, ttft: float) -> dict:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from llmopt.bench import server_lifecycle
-from llmopt.bench.config import BenchConfig, ServerSpec
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.servers import server_lifecycle
+from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench_run import run_bench
 from llmopt.engines.llmopt import llmopt_environment

@@ -1,5 +1,5 @@
 """The CLI's tables, rendered as text: headers, cells, and the report's point table built from the same
-column list. No model, no server: a point summary as bench/request_metrics.py writes it."""
+column list. No model, no server: a point summary as bench/measure/request_metrics.py writes it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.workload import Workload, rank
 from llmopt.evaluate.kl_divergence import KLStats
 from llmopt.pricing import PricingModel
-from llmopt.quant.report import QuantReport
-from llmopt.report.data import Run
+from llmopt.quant.quant_report import QuantReport
 from llmopt.report.html import POINT_HEADERS, point_rows
+from llmopt.report.runs import Run
 
 
 def latency(median: float, p90: float, p99: float) -> dict:

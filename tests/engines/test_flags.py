@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.llama_cpp import llama_cpp_command
 from llmopt.engines.llmopt import llmopt_command
 from llmopt.engines.options import API_KEY_ENV, ServeOptions

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llmopt.checkpoints import bundled_gguf_path
-from llmopt.engines.errors import EngineError
+from llmopt.engines.engine_error import EngineError
 from llmopt.engines.handoff import llama_cpp_model, vllm_model
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llmopt.bench.launcher import LocalServer
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.servers.launcher import LocalServer
 from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
 from llmopt.engines.python import imports
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.recipe import load_recipe
-from llmopt.bench.sweep import run_sweep
+from llmopt.bench.sweep.recipe import load_recipe
+from llmopt.bench.sweep.sweep import run_sweep
 
 RECIPE = """
 [[serve]]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from llmopt.checkpoints import DEFAULT_MODEL, bundled_gguf_path
 from llmopt.evaluate import perplexity as perplexity_module
-from llmopt.evaluate.data import eval_windows, split_tokens
+from llmopt.evaluate.eval_text import eval_windows, split_tokens
 from llmopt.evaluate.kl_divergence import ROWS_PER_CHUNK, KLAccumulator, KLStats, kl_stats, percentile
 from llmopt.evaluate.perplexity import perplexity, score_windows, scored
 from tests.conftest import llmopt

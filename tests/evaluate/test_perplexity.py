@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from llmopt.evaluate.data import eval_windows, split_tokens
+from llmopt.evaluate.eval_text import eval_windows, split_tokens
 from llmopt.evaluate.perplexity import engine_scorer, perplexity
 from tests.conftest import PROMPTS, llmopt
 

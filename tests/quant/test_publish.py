@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import llmopt.quant.out_folder
+from llmopt.quant.quant_report import REPORT_FILE
 from llmopt.quant.quantize import quantize
-from llmopt.quant.report import REPORT_FILE
 from tests.quant.conftest import error_lines, leftovers, names
 
 CHECKPOINT = ["config.json", "model.safetensors", REPORT_FILE, "tokenizer.json"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from llmopt.checkpoints import bundled_gguf_path
+from llmopt.quant.quant_report import REPORT_FILE
 from llmopt.quant.quantize import QuantizeConfig, quantize
-from llmopt.quant.report import REPORT_FILE
 from tests.conftest import llmopt
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from llmopt.quant.report import REPORT_FILE
+from llmopt.quant.quant_report import REPORT_FILE
 from tests.quant.conftest import error_lines, leftovers, names
 
 FULL = "No space left on device"

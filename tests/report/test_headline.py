@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.report.data import load_run
 from llmopt.report.headline import headlines
 from llmopt.report.html import POINT_HEADERS, write_report
+from llmopt.report.runs import load_run
 from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run
 

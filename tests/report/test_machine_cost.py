@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from llmopt.cli.render import results_table
-from llmopt.report.data import load_run
 from llmopt.report.html import POINT_HEADERS, point_rows, write_report
 from llmopt.report.machine_cost import cost_source_lines
+from llmopt.report.runs import load_run
 from tests.run_folders import FakePoint, write_run
 
 MEASURED = {

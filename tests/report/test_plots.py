@@ -11,7 +11,7 @@ import pytest
 from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.pricing import PricingModel
 from llmopt.report import plots
-from llmopt.report.data import load_run
+from llmopt.report.runs import load_run
 from tests.run_folders import FakePoint, write_run
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmopt.bench.steady_state import RULE
-from llmopt.report.data import Run, load_run
+from llmopt.bench.measure.steady_state import RULE
 from llmopt.report.html import render
 from llmopt.report.point_notes import point_notes
+from llmopt.report.runs import Run, load_run
 from tests.run_folders import FakePoint, write_run
 
 STEADY = {

@@ -1,6 +1,6 @@
 """The report's quantization section: the Pareto front on hand-made points, and the section of a
 synthetic run whose configs were quantized (their quant_report.json figures in the run's settings, as
-bench/quantized_serve.py records them): table, answer and plot. No model, no server."""
+bench/servers/quantized_serve.py records them): table, answer and plot. No model, no server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 
 from llmopt.bench.rundir import RunDir
 from llmopt.pricing import load_pricing
-from llmopt.report.data import load_run
 from llmopt.report.html import write_report
 from llmopt.report.quantization import (
     QuantPoint,
@@ -22,6 +21,7 @@ from llmopt.report.quantization import (
     quality_measure,
     quantization_section,
 )
+from llmopt.report.runs import load_run
 from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt.bench.client import RequestRecord
-from llmopt.bench.request_metrics import summarize
+from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
-from llmopt.report.data import load_run
 from llmopt.report.html import run_settings, write_report
+from llmopt.report.runs import load_run
 
 SECRET = "sk-old-run-Qw3rTy8uIo"
 

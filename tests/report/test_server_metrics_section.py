@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench.rundir import RunDir
-from llmopt.report.data import load_run
 from llmopt.report.html import write_report
+from llmopt.report.runs import load_run
 from llmopt.report.server_metrics_section import HEADERS, chosen_points, samples_of, server_metric_rows
 from tests.report.browser import needs_chromium, render
 from tests.run_folders import FakePoint, write_run

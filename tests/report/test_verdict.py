@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.report.data import load_run
+from llmopt.report.runs import load_run
 from llmopt.report.verdict import change_interval, parse_conditions, verdict
 from tests.run_folders import FakePoint, write_run
 
@@ -93,7 +93,7 @@ def test_nothing_to_compare_is_a_usage_error(runs, tmp_path):
 
 
 def repeated(values: list[float]) -> dict:
-    """A point's "repeats" block as `llmopt bench --num-runs` writes it (bench/repeats.py)."""
+    """A point's "repeats" block as `llmopt bench --num-runs` writes it (bench/sweep/repeats.py)."""
     return {"repeats": {"runs": len(values), "metrics": {"output_throughput": {"values": values}}}}
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.messages_api import MessagesRequest, matched_stop
 from llmopt.server.messages_api import chat_call as messages_call
 from llmopt.server.messages_events import ContentBlocks

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from llmopt.server.access_log import AccessLog, request_id_of
 from llmopt.server.auth import OPEN_PATHS, APIKeyCheck, owner_of, presented_key
-from llmopt.server.errors import APIError, install_error_handlers
+from llmopt.server.error_bodies import APIError, install_error_handlers
 from llmopt.server.routes import build_router
 from llmopt.server.settings import ServerSettings
 

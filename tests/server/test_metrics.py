@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from llmopt.bench.server_metrics import read_sample
-from llmopt.bench.server_stats import parse_metrics
+from llmopt.bench.observe.server_metrics import read_sample
+from llmopt.bench.observe.server_stats import parse_metrics
 from llmopt.engine.outputs import EngineStats
 from llmopt.server.metrics import ServerMetrics
 

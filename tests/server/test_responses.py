@@ -12,7 +12,7 @@ import pytest
 from llmopt.engine.outputs import RequestOutput
 from llmopt.engine.token_logprobs import TokenLogprob
 from llmopt.server.admission import sampling_params
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.logprobs import LogprobsWriter
 from llmopt.server.protocol import ChatCompletionRequest, CompletionRequest
 from llmopt.server.responses import (

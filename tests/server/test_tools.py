@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from transformers import AutoTokenizer
 
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.protocol import ChatCompletionRequest
 from llmopt.server.routes import Routes
 from llmopt.server.settings import ServerSettings

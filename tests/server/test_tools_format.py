@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from llmopt.engine.outputs import RequestOutput
-from llmopt.server.errors import APIError
+from llmopt.server.error_bodies import APIError
 from llmopt.server.protocol import ChatCompletionRequest, ChatMessage
 from llmopt.server.responses import CHAT_COMPLETION, Reply, complete
 from llmopt.server.tool_parsers import ArrayParser, MarkupParser, NamedParser, ToolCallDelta, assemble

@@ -8,23 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from llmopt.bench.client import BenchRequest
-from llmopt.bench.conversation import Conversation
-from llmopt.bench.trace import read_trace
 from llmopt.bench.workload.agent import agent_conversations
+from llmopt.bench.workload.bench_request import BenchRequest
+from llmopt.bench.workload.conversation import Conversation
 from llmopt.bench.workload.conversation_file import file_conversations
 from llmopt.bench.workload.copy import copy_heavy_prompts
 from llmopt.bench.workload.file import file_prompts
 from llmopt.bench.workload.multi_turn import multi_turn_conversations
 from llmopt.bench.workload.random import random_prompts
 from llmopt.bench.workload.replay import replay_prompts
+from llmopt.bench.workload.settings import WorkloadSettings
 from llmopt.bench.workload.shared_prefix import shared_prefix_prompts
 from llmopt.bench.workload.text import corpus_token_ids, count_tokens, text_of_length
-
-if TYPE_CHECKING:  # config.py imports WORKLOADS from here
-    from llmopt.bench.config import BenchConfig
+from llmopt.bench.workload.trace import read_trace
 
 __all__ = [
     "SESSION_WORKLOADS",
@@ -45,7 +42,7 @@ __all__ = [
 ]
 
 # (config, tokenizer, number of requests, prompt length, output length, seed) -> requests
-Builder = Callable[["BenchConfig", object, int, int, int, int], list[BenchRequest]]
+Builder = Callable[["WorkloadSettings", object, int, int, int, int], list[BenchRequest]]
 
 BUILDERS: dict[str, Builder] = {
     "random": lambda config, tok, n, pl, ol, seed: random_prompts(
@@ -65,7 +62,7 @@ BUILDERS: dict[str, Builder] = {
 }
 
 # (config, tokenizer, number of sessions, turn length, output length, seed) -> sessions
-SessionBuilder = Callable[["BenchConfig", object, int, int, int, int], list[Conversation]]
+SessionBuilder = Callable[["WorkloadSettings", object, int, int, int, int], list[Conversation]]
 
 SESSION_BUILDERS: dict[str, SessionBuilder] = {
     "multi-turn": lambda config, tok, n, tl, ol, seed: multi_turn_conversations(
@@ -84,7 +81,7 @@ REPEATING_WORKLOADS = ("file", "conversations")
 
 
 def make_requests(
-    config: BenchConfig, tokenizer, prompt_len: int, output_len: int, seed: int, num: int | None = None
+    config: WorkloadSettings, tokenizer, prompt_len: int, output_len: int, seed: int, num: int | None = None
 ) -> list[BenchRequest]:
     """`num` requests (default: the config's count) of the config's workload."""
     return BUILDERS[config.workload](
@@ -93,7 +90,7 @@ def make_requests(
 
 
 def make_conversations(
-    config: BenchConfig, tokenizer, turn_len: int, output_len: int, seed: int, num: int
+    config: WorkloadSettings, tokenizer, turn_len: int, output_len: int, seed: int, num: int
 ) -> list[Conversation]:
     """`num` sessions of the config's multi-turn workload (a file's: every one it holds)."""
     return SESSION_BUILDERS[config.workload](config, tokenizer, num, turn_len, output_len, seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from llmopt.bench.conversation import Conversation, ToolCall, tool_definitions_text
+from llmopt.bench.workload.conversation import Conversation, ToolCall, tool_definitions_text
 from llmopt.bench.workload.multi_turn import multi_turn_conversations
 from llmopt.bench.workload.random import random_prompts
 from llmopt.bench.workload.text import count_tokens

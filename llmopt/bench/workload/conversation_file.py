@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt.bench.conversation import Conversation, Turn
+from llmopt.bench.workload.conversation import Conversation, Turn
 from llmopt.bench.workload.text import count_tokens
 from llmopt.files import jsonl_records
 

@@ -3,7 +3,7 @@ speculation."""
 
 from __future__ import annotations
 
-from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.random import random_prompts
 from llmopt.bench.workload.text import count_tokens
 

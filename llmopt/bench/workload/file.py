@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.text import count_tokens
 from llmopt.files import jsonl_records
 

@@ -4,7 +4,7 @@ spread); each turn asks for `output_len` tokens and replays the whole history (c
 
 from __future__ import annotations
 
-from llmopt.bench.conversation import Conversation, Turn
+from llmopt.bench.workload.conversation import Conversation, Turn
 from llmopt.bench.workload.random import random_prompts
 
 

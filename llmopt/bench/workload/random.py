@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.text import corpus_token_ids, text_of_length
 
 

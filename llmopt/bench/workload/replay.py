@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import random
 
-from llmopt.bench.client import BenchRequest
-from llmopt.bench.trace import TraceEntry
+from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.text import corpus_token_ids, count_tokens
+from llmopt.bench.workload.trace import TraceEntry
 
 
 class BlockTexts:

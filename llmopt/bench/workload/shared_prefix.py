@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from llmopt.bench.client import BenchRequest
+from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.random import random_prompts
 from llmopt.bench.workload.text import corpus_token_ids, count_tokens, text_of_length
 

@@ -24,6 +24,7 @@ from llmopt.engine.layers.attention import AttentionMetadata, paged_attention, r
 from llmopt.engine.layers.embedding import embed_tokens
 from llmopt.engine.layers.linear import matmul
 from llmopt.engine.layers.norm import rms_norm
+from llmopt.engine.models.llama import one_call_decode
 
 MODEL_TYPES = ("gemma3_text",)
 LOCAL = "sliding_attention"
@@ -120,23 +121,13 @@ class Gemma3ForCausalLM(torch.nn.Module):
         # transformers scales in the weights' dtype: sqrt(hidden) rounded to it, then multiplied.
         hidden = embed_tokens(self.embed, input_ids).to(self.norm.dtype)
         hidden = hidden * torch.tensor(self.config.hidden_size**0.5, dtype=hidden.dtype)
-        one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
-        if self.decode_weights and one_call:
-            hidden = torch.ops.llmopt.decode_gemma3_layers(
-                hidden,
-                self.decode_weights,
-                self.config.rms_norm_eps,
-                kv_cache,
-                meta.cos,
-                meta.sin,
-                meta.slot_mapping,
-                meta.decode.block_tables,
-                meta.decode.context_lens,
-                self.config.num_attention_heads,
-                [layer.window for layer in self.layers],
-                self.layers[0].scale,
-            )
-            return rms_norm(hidden, self.norm, self.config.rms_norm_eps, meta.use_kernels)
+
+        def windows_and_scale() -> tuple:  # decode_gemma3_layers' own arguments, built only when it runs
+            return [layer.window for layer in self.layers], self.layers[0].scale
+
+        layered = one_call_decode(self, hidden, kv_cache, meta, "decode_gemma3_layers", windows_and_scale)
+        if layered is not None:
+            return rms_norm(layered, self.norm, self.config.rms_norm_eps, meta.use_kernels)
         ropes = {
             False: (meta.cos[..., :dim].contiguous(), meta.sin[..., :dim].contiguous()),
             True: (meta.cos[..., dim:].contiguous(), meta.sin[..., dim:].contiguous()),

@@ -9,6 +9,7 @@ reading keys and values from the paged cache through block tables.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from transformers import PretrainedConfig
@@ -20,6 +21,37 @@ from llmopt.engine.layers.mlp import gated_mlp
 from llmopt.engine.layers.norm import rms_norm
 
 log = logging.getLogger(__name__)
+
+
+def one_call_decode(
+    model: torch.nn.Module,
+    hidden: torch.Tensor,
+    kv_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    op_name: str,
+    extra: Callable[[], tuple] = tuple,
+) -> torch.Tensor | None:
+    """A step of decode rows only, every layer in one compiled call, the kernel op `op_name`
+    (decode_layers, or Gemma 3's decode_gemma3_layers with the arguments `extra()` gives: the same kernels
+    in the same order, without Python between them), where kernel_layout.py compiled the model's weights
+    for it and the rows fit; None where the step must run layer by layer. Llama and Gemma 3 share this
+    branch. The op is looked up only when it runs: without compiled kernels there is none."""
+    fits = meta.use_kernels and meta.prefill is None and len(hidden) <= model.decode_max_rows
+    if not (model.decode_weights and fits):
+        return None
+    return getattr(torch.ops.llmopt, op_name)(
+        hidden,
+        model.decode_weights,
+        model.config.rms_norm_eps,
+        kv_cache,
+        meta.cos,
+        meta.sin,
+        meta.slot_mapping,
+        meta.decode.block_tables,
+        meta.decode.context_lens,
+        model.config.num_attention_heads,
+        *extra(),
+    )
 
 
 class DecoderLayer(torch.nn.Module):
@@ -101,21 +133,9 @@ class LlamaForCausalLM(torch.nn.Module):
     ) -> torch.Tensor:
         """Return the final hidden states [T, hidden] of the flat batch."""
         hidden = embed_tokens(self.embed, input_ids).to(self.norm.dtype)
-        one_call = meta.use_kernels and meta.prefill is None and len(input_ids) <= self.decode_max_rows
-        if self.decode_weights and one_call:
-            # Decode rows only: all layers in one compiled call (the same kernels, in the same order).
-            hidden = torch.ops.llmopt.decode_layers(
-                hidden,
-                self.decode_weights,
-                self.config.rms_norm_eps,
-                kv_cache,
-                meta.cos,
-                meta.sin,
-                meta.slot_mapping,
-                meta.decode.block_tables,
-                meta.decode.context_lens,
-                self.config.num_attention_heads,
-            )
+        layered = one_call_decode(self, hidden, kv_cache, meta, "decode_layers")
+        if layered is not None:
+            hidden = layered
         else:
             for i, layer in enumerate(self.layers):
                 hidden = layer(hidden, kv_cache[i], meta)
