@@ -1,8 +1,9 @@
 """A real model served as users serve it, llmopt against llama.cpp on the same GGUF (issue #51): plain
-`llmopt serve FILE` and llama.cpp's server (`llmopt serve FILE --engine llama.cpp`), each also with the
-0.5B Qwen2.5-Coder as draft model (same vocabulary): llmopt's `--speculative-config` with method
-"draft", llama.cpp's `--draft` (8 draft tokens, its default here). One server at a time, taking turns,
-every round with fresh prompts, the same for every server within a round.
+`llmopt serve FILE` (its default speculation: prompt lookup paced by measured cost), the same with
+`--speculative-config off`, and llama.cpp's server (`llmopt serve FILE --engine llama.cpp`); each engine
+also with the 0.5B Qwen2.5-Coder as draft model (same vocabulary): llmopt's `--speculative-config` with
+method "draft", llama.cpp's `--draft`, 4 draft tokens a step for both. One server at a time, taking
+turns, every round with fresh prompts, the same for every server within a round.
 
 Per server and round, streamed chat with greedy sampling:
 - one stream, prompts of 128 tokens, 64 out (TPOT: a request's time per output token after the first),
@@ -19,7 +20,7 @@ Default model: Qwen2.5-Coder-1.5B-Instruct Q4_K_M (`make real-models`). Refuses 
 load over 0.5) unless --allow-busy. Writes results/real_model.json.
 
     .venv/bin/python benchmarks/real_model.py [--rounds 2]
-        [--subjects llmopt,llmopt-draft,llama.cpp,llama.cpp-draft]
+        [--subjects llmopt,llmopt-off,llmopt-draft,llama.cpp,llama.cpp-draft]
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ from llmopt.checkpoints import load_tokenizer
 from llmopt.gguf_file import read_gguf_file
 from results import write_result
 
-SUBJECTS = ("llmopt", "llmopt-auto", "llmopt-draft", "llama.cpp", "llama.cpp-draft")
+SUBJECTS = ("llmopt", "llmopt-off", "llmopt-draft", "llama.cpp", "llama.cpp-draft")
+# Each speculating subject's baseline: the same server with no speculation. llmopt's default speculates
+# (prompt lookup paced by measured cost), so its baseline is `--speculative-config off`.
+WITHOUT_SPECULATION = {"llmopt": "llmopt-off", "llmopt-draft": "llmopt-off", "llama.cpp-draft": "llama.cpp"}
 DRAFT_TOKENS = 4  # tokens drafted a step, for both servers (llama.cpp's --draft-max)
 CODE_TASKS = [
     "Write a Python function that merges two sorted lists into one sorted list, with a docstring.",
@@ -81,8 +85,8 @@ class Workload:
 def subjects(names: list[str], model: Path, draft: Path) -> list[ServeSubject]:
     spec = json.dumps({"method": "draft", "model": str(draft), "num_speculative_tokens": DRAFT_TOKENS})
     args = {
-        "llmopt": [str(model), "--speculative-config", "off"],
-        "llmopt-auto": [str(model), "--speculative-config", "auto"],
+        "llmopt": [str(model)],
+        "llmopt-off": [str(model), "--speculative-config", "off"],
         "llmopt-draft": [str(model), "--speculative-config", spec],
         "llama.cpp": [str(model), "--engine", "llama.cpp"],
         "llama.cpp-draft": [str(model), "--engine", "llama.cpp", "--speculative-config", spec],
@@ -213,8 +217,7 @@ def table(rounds: dict[str, list[dict]], bandwidth: float, load: MachineLoad) ->
             # the weights a decode step reads over the time a token takes, against what the machine reads
             # a second (past 100 %: more than one token for one read of the weights, speculation)
             share = f"{weights / 1e6 / tpot / bandwidth:.0%}" if name.startswith("1 stream") and tpot else "-"
-            speculating = label.endswith(("-draft", "-auto"))
-            plain = median(rounds.get(label.rsplit("-", 1)[0], []), name, "tok_s") if speculating else None
+            plain = median(rounds.get(WITHOUT_SPECULATION.get(label, ""), []), name, "tok_s")
             values = [r[name]["tok_s"] for r in results if name in r]
             t.add_row(
                 name,
@@ -230,7 +233,11 @@ def table(rounds: dict[str, list[dict]], bandwidth: float, load: MachineLoad) ->
 
 
 def speculation_table(rounds: dict[str, list[dict]], load: MachineLoad) -> Table:
-    t = Table(title=load.title(f"llmopt's speculation with the 0.5B draft, {DRAFT_TOKENS} tokens a step"))
+    t = Table(
+        title=load.title(
+            f"llmopt's speculation: prompt lookup (default), the 0.5B draft ({DRAFT_TOKENS} a step)"
+        )
+    )
     for column in ("server", "acceptance", "tokens per verification"):
         t.add_column(column, justify="left" if column == "server" else "right")
     for label, results in rounds.items():

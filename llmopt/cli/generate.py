@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from llmopt.cli.shared_options import DTYPE_HELP, SPEC_HELP, console, fail
+from llmopt.engine.config import EngineConfig
 
 
 def generate(
@@ -22,7 +23,7 @@ def generate(
     chat: Annotated[bool, typer.Option(help="wrap the prompt in the model's chat template")] = False,
     dtype: Annotated[str, typer.Option(help=DTYPE_HELP)] = "auto",
     lm_head_dtype: Annotated[str, typer.Option(help="auto, float32 or int8 (a scale per 32)")] = "auto",
-    speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = None,
+    speculative_config: Annotated[str | None, typer.Option(help=SPEC_HELP)] = EngineConfig.speculative_config,
 ) -> None:
     """Generate a completion in-process and print it with its speed."""
     from llmopt.checkpoints import ModelError

@@ -34,8 +34,10 @@ class EngineConfig:
     # them too (moot without prefix caching).
     inflight_prefix_sharing: bool = True
     seed: int = 0  # seeds requests that give no seed of their own
-    # vLLM-style: {"method": "ngram"|"draft", "num_speculative_tokens": k, ...} (dict or JSON text)
-    speculative_config: dict | str | None = None
+    # vLLM-style: {"method": "ngram"|"draft", "num_speculative_tokens": k, ...} (dict or JSON text), or
+    # "auto" (prompt lookup paced by measured cost, greedy requests only; spec_decode/config.py) or "off".
+    # auto by default: it never measured below 0.98x of off (benchmarks/real_model.py, docs/serve.md).
+    speculative_config: dict | str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
