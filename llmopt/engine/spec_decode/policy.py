@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode.step_cost import StepCost
 
-# Steps before a sequence whose proposals do not pay probes one position, doubling after each probe that
-# fails. At batch 1 on Qwen2.5-Coder-1.5B a failed probe costs ~0.6 of a step (a row and a draft step of
-# the 0.5B), so 16 steps and then more keep a stream whose drafts always fail above 0.98x of no draft.
+# Steps before a sequence whose lookups do not pay probes one position, doubling after each probe that
+# fails. At batch 1 on Qwen2.5-Coder-1.5B a failed probe costs a row, 2-8 ms of a 35 ms step, so 16 steps
+# and then more keep a stream whose lookups always fail above 0.99x of no speculation.
 PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 256
 ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its latest

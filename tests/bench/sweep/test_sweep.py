@@ -68,7 +68,9 @@ def test_counts_equal_the_servers_own_metrics(server, tmp_path):
     prompt = after["llmopt:prompt_tokens_total"] - before["llmopt:prompt_tokens_total"]
     assert sum(p["prompt_tokens"] for p in pts) == prompt
     recs = records(run)
-    assert len(recs) == 12 and all(r["tokens_from"] == "usage" and len(r["itl"]) == 7 for r in recs)
+    # A streamed chunk may carry several tokens (the server verifies prompt-lookup proposals by default),
+    # so a request of 8 tokens has at most 7 gaps between chunks.
+    assert len(recs) == 12 and all(r["tokens_from"] == "usage" and 1 <= len(r["itl"]) <= 7 for r in recs)
     assert "concurrency=4" in result.stdout and (run / "summary.csv").read_text().count("\n") == 3
 
 
