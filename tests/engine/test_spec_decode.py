@@ -18,6 +18,7 @@ from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
     ForcedAcceptance,
     ProposalAcceptance,
+    catch_up_pays,
     forced_offer,
     plan,
     proposal_room,
@@ -377,6 +378,59 @@ def test_a_draft_that_does_not_pay_stops_for_the_rest_of_the_request():
     plan([offer], 1, measured(QWEN_15B, draft_seconds=0.013))
     assert settle(offer) == 0
     assert sum(proposal_room(seq, 4, 4096) > 0 for _ in range(seq.params.max_tokens)) == 0
+
+
+def test_a_draft_starts_only_where_the_answer_left_earns_its_catch_up_back():
+    """Drafting at 80 % saves ~4.8 ms a token on the 1.5B: the 0.5B's prefill of a 160-token prompt
+    (~0.4 s) is earned back over a 160-token answer, not over a 64-token one; nothing behind is free."""
+    cost = measured(QWEN_15B, draft_seconds=0.013)
+    assert not catch_up_pays(0.8, 4, 64, 160 * 0.0025, cost)
+    assert catch_up_pays(0.8, 4, 160, 160 * 0.0025, cost)
+    assert not catch_up_pays(0.3, 4, 10_000, 0.0, cost)  # a draft that fails costs more than it saves
+
+
+def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back(model_dir, tiny_draft):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": 3},
+    )
+    speculator, proposer = llm.engine.speculator, llm.engine.proposer
+    speculator.cost = measured(QWEN_15B, draft_seconds=0.013)
+    speculator.cost.record_step = speculator.cost.record_draft = lambda *args: None  # kept as measured
+    speculator.proposal_acceptance = ProposalAcceptance(passed=8, tested=10)  # the plan alone would draft
+    proposer.catch_up_seconds = 0.0025
+    long_prompt = " ".join(PROMPTS) * 2
+    llm.generate(long_prompt, greedy(8))
+    assert llm.engine.stats().spec_drafts == 0
+    assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+
+
+def test_the_draft_takes_an_agent_turns_history_from_its_own_prefix_cache(model_dir, hf_greedy, tiny_draft):
+    """The next turn replays the last one: the draft prefills only what is new."""
+    llm = verifying_everything(
+        LLM(
+            str(model_dir),
+            num_kv_blocks=256,
+            speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": 2},
+        )
+    )
+    proposer = llm.engine.proposer
+    run = proposer.runner.run
+    computed: list[int] = []
+
+    def counting(batch, *args):
+        computed.append(sum(batch.num_new_tokens))
+        return run(batch, *args)
+
+    proposer.runner.run = counting
+    history = llm.tokenizer.encode(" ".join(PROMPTS))
+    first = llm.generate([history], greedy(8))[0].token_ids
+    first_turn = sum(computed)
+    computed.clear()
+    next_turn = history + first + llm.tokenizer.encode(" And then?")
+    assert llm.generate([next_turn], greedy(8))[0].token_ids == hf_greedy(tuple(next_turn), 8)
+    assert first_turn > len(history) and sum(computed) < len(next_turn) - len(history) + 8 + 2 * 8
 
 
 def test_measured_step_costs_interpolate_and_extrapolate_along_their_line():

@@ -11,13 +11,15 @@ import torch
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
-from llmopt.engine.spec_decode.draft import DraftProposer
+from llmopt.engine.spec_decode.draft import CAUGHT_UP, DraftProposer
 from llmopt.engine.spec_decode.forced import propose_forced
 from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
     ForcedAcceptance,
     Offer,
     ProposalAcceptance,
+    acceptance_rate,
+    catch_up_pays,
     forced_offer,
     plan,
     proposal_room,
@@ -75,6 +77,10 @@ class Speculator:
             if propose_forced(seq, self.max_model_len, ngram, k):
                 offers.append(forced_offer(seq, self.forced_acceptance))
             elif self.proposes_for(seq) and (room := proposal_room(seq, k, self.max_model_len)) > 0:
+                if ngram is None and not self._catch_up_pays(seq, room):
+                    seq.spec_skip = seq.params.max_tokens  # fewer tokens remain at every later step
+                    self.proposer.release(seq.request_id)
+                    continue
                 asked.append(seq)
                 rooms.append(room)
         if ngram is not None and asked:  # lookups cost nothing: the plan weighs the tokens they found
@@ -93,6 +99,18 @@ class Speculator:
         drafts = [(o.seq, taken) for o in offers if (taken := settle(o)) and o.drafted]
         if drafts:
             self._draft([seq for seq, _ in drafts], [taken for _, taken in drafts])
+
+    def _catch_up_pays(self, seq: Sequence, positions: int) -> bool:
+        """Whether the draft's prefill of what it is behind on `seq` (its prompt, before the first
+        proposal) is earned back over the tokens `seq` may still write. Until both the draft's catch-up
+        and its steps are measured, it drafts (and so measures them)."""
+        assert isinstance(self.proposer, DraftProposer)
+        behind = self.proposer.behind(seq)
+        if behind <= CAUGHT_UP or self.proposer.catch_up_seconds is None or not self.cost.measured:
+            return True
+        remaining = seq.params.max_tokens - seq.num_output_tokens
+        rate = acceptance_rate(seq, self.proposal_acceptance)
+        return catch_up_pays(rate, positions, remaining, behind * self.proposer.catch_up_seconds, self.cost)
 
     def proposes_for(self, seq: Sequence) -> bool:
         return self.proposer is not None and not (self.config.greedy_only and not seq.params.greedy)

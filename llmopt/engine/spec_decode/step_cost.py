@@ -57,6 +57,11 @@ class StepCost:
         slope = max(0.0, sum((r - mean_rows) * (t - mean_seconds) for r, t in known.items()) / spread)
         return max(known[nearest] + slope * (rows - nearest), 1e-6)
 
+    @property
+    def measured(self) -> bool:
+        """Whether both a decoding step and a draft step have been measured (costs are in seconds)."""
+        return bool(self.seconds_by_rows) and self.draft_seconds > 0
+
     def proposing(self, rows: int, depth: int) -> float:
         """A step of `rows` rows whose proposals were drafted `depth` positions deep."""
         draft = self.draft_seconds if self.seconds_by_rows else 0.0  # seconds weigh nothing in prior units
