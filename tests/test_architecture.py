@@ -42,10 +42,11 @@ ALLOWED: dict[str, set[str]] = {
 # Where a part may import only some modules of another: {part: {other part: the modules it may import}}.
 # The report reads run folders through bench/rundir.py alone, whose file list is the contract between
 # them: nothing else of the bench's insides.
-# engines reads the defaults of the serve options llmopt's engine takes from its EngineConfig.
+# engines reads the defaults of the serve options llmopt's engine takes from its EngineConfig, and reads
+# --speculative-config with the engine's own parser (one set of rules and messages for every engine).
 ONLY_THROUGH: dict[str, dict[str, set[str]]] = {
     "report": {"bench": {"llmopt.bench.rundir"}},
-    "engines": {"engine": {"llmopt.engine.config"}},
+    "engines": {"engine": {"llmopt.engine.config", "llmopt.engine.spec_decode.config"}},
 }
 # The bench's wings (issue #54): what each may import of the others. The data runs recipe -> sweep ->
 # load -> measure -> run folder -> report: the sweep reads the recipe and drives every other wing;

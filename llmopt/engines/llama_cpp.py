@@ -8,7 +8,6 @@ from pathlib import Path
 
 from llmopt.checkpoints import served_name
 from llmopt.engines.command import EngineCommand
-from llmopt.engines.engine_error import EngineError
 from llmopt.engines.handoff import llama_cpp_model
 from llmopt.engines.options import API_KEY_ENV, ServeOptions, refuse_unmapped
 
@@ -45,18 +44,7 @@ def speculative(options: ServeOptions) -> list[str]:
     spec = options.speculative()
     if spec is None:
         return []
-    unknown = set(spec) - {
-        "method",
-        "num_speculative_tokens",
-        "prompt_lookup_min",
-        "prompt_lookup_max",
-        "model",
-    }
-    if unknown:
-        raise EngineError(f"--speculative-config: {', '.join(sorted(unknown))} has no llama.cpp equivalent")
-    flags = ["--draft-max", str(spec["num_speculative_tokens"])]
-    if spec["method"] == "ngram":
-        return [*flags, "--spec-ngram-size", str(spec.get("prompt_lookup_max", 4))]
-    if not spec.get("model"):
-        raise EngineError('--speculative-config: the draft method needs "model"')
-    return [*flags, "--spec-draft", llama_cpp_model(spec["model"])]
+    flags = ["--draft-max", str(spec.num_speculative_tokens)]
+    if spec.method == "ngram":
+        return [*flags, "--spec-ngram-size", str(spec.prompt_lookup_max)]
+    return [*flags, "--spec-draft", llama_cpp_model(spec.model)]

@@ -5,11 +5,11 @@ away from its default."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from llmopt.engine.config import EngineConfig
+from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engines.engine_error import EngineError
 
 API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` (and llama.cpp's launcher) read the API key
@@ -90,22 +90,16 @@ class ServeOptions:
             if f.name not in ("model", "port", "host") and getattr(self, f.name) != f.default
         ]
 
-    def speculative(self) -> dict | None:
-        """`speculative_config` as a dict (a flag gives JSON text, a recipe a table); None for "off" and
-        for llmopt's own "auto", which a peer meets as its own default (no speculation)."""
-        value = self.speculative_config
-        if value is None or value in ("", "off", "auto"):
+    def speculative(self) -> SpeculativeConfig | None:
+        """`speculative_config` read as llmopt's engine reads it (a flag gives JSON text, a recipe a
+        table); None for "off" and for llmopt's own "auto", which a peer meets as its own default (no
+        speculation)."""
+        if self.speculative_config == "auto":
             return None
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise EngineError(f"--speculative-config is not valid JSON: {exc.msg}") from None
-        if not isinstance(value, dict) or value.get("method") not in ("ngram", "draft"):
-            raise EngineError('--speculative-config needs "method": "ngram" or "draft"')
-        if not isinstance(value.get("num_speculative_tokens"), int):
-            raise EngineError("--speculative-config needs an integer num_speculative_tokens")
-        return value
+        try:
+            return SpeculativeConfig.parse(self.speculative_config)
+        except ValueError as exc:
+            raise EngineError(f"--speculative-config: {exc}") from None
 
 
 def flag(name: str) -> str:

@@ -43,7 +43,6 @@ SPECIAL = {
 API_KEY_ENV = "VLLM_API_KEY"  # vLLM reads its key here when --api-key is not given
 KV_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB of KV cache on the CPU backend (a GPU uses its memory fraction)
 SPEC_METHODS = {"ngram": "ngram", "draft": "draft_model"}
-SPEC_KEYS = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model"}
 
 
 def vllm_command(options: ServeOptions, python: str) -> EngineCommand:
@@ -106,14 +105,10 @@ def speculative(options: ServeOptions) -> dict | None:
     spec = options.speculative()
     if spec is None:
         return None
-    if unknown := set(spec) - SPEC_KEYS:
-        raise EngineError(f"--speculative-config: {', '.join(sorted(unknown))} has no vLLM equivalent")
-    out = {"method": SPEC_METHODS[spec["method"]], "num_speculative_tokens": spec["num_speculative_tokens"]}
-    if spec["method"] == "ngram":
-        out["prompt_lookup_min"] = spec.get("prompt_lookup_min", 2)
-        out["prompt_lookup_max"] = spec.get("prompt_lookup_max", 4)
-    elif not spec.get("model"):
-        raise EngineError('--speculative-config: the draft method needs "model"')
+    out = {"method": SPEC_METHODS[spec.method], "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.method == "ngram":
+        out["prompt_lookup_min"] = spec.prompt_lookup_min
+        out["prompt_lookup_max"] = spec.prompt_lookup_max
     else:
-        out["model"] = vllm_model(spec["model"])
+        out["model"] = vllm_model(spec.model)
     return out

@@ -202,6 +202,24 @@ def test_llama_cpp_draft_speculation_takes_a_gguf(gguf):
         llama_cpp_command(ServeOptions(str(gguf), speculative_config='{"method": "eagle"}'), "py")
 
 
+@pytest.mark.parametrize("translate, model", [(vllm_command, "hf_folder"), (llama_cpp_command, "gguf")])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ('{"method": "ngram", "num_speculative_tokens": 0}', ">= 1"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}', "unknown speculative"),
+        ('{"method": "draft", "num_speculative_tokens": 2}', 'needs "model"'),
+    ],
+)
+def test_a_peer_refuses_a_speculative_config_with_the_engines_own_words(
+    request, translate, model, config, message
+):
+    """One parser: what llmopt's engine refuses, a peer refuses with the same message."""
+    path = request.getfixturevalue(model)
+    with pytest.raises(EngineError, match=f"--speculative-config: .*{message}"):
+        translate(ServeOptions(str(path), speculative_config=config), "py")
+
+
 def test_the_launcher_accepts_every_flag_the_translation_writes(gguf, monkeypatch):
     """llama_cpp_server.py parses the command llama_cpp_command builds (without xllamacpp: the parse
     comes before its import)."""

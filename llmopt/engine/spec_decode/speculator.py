@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from llmopt.engine.sequence import Sequence
-from llmopt.engine.spec_decode import make_proposer
 from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.draft import CAUGHT_UP, DraftProposer
 from llmopt.engine.spec_decode.forced import propose_forced
@@ -33,6 +32,14 @@ from llmopt.engine.spec_decode.verify import verify
 
 if TYPE_CHECKING:
     from llmopt.engine.config import EngineConfig
+
+
+def make_proposer(
+    config: SpeculativeConfig, engine_config: EngineConfig, vocab_size: int, max_model_len: int
+) -> NgramProposer | DraftProposer:
+    if config.method == "ngram":
+        return NgramProposer(config)
+    return DraftProposer(config, engine_config, vocab_size, max_model_len)
 
 
 class Speculator:
