@@ -428,17 +428,23 @@ async def fill_counts(
     record.tokens_from = "local" if "local" in sources else "tokenize"
 
 
-async def _read_whole(
-    resp: aiohttp.ClientResponse, record: RequestRecord, sent: float
-) -> tuple[list[str], dict | None]:
-    """A non-streamed answer: its text and usage. Its first token arrives with its last, so TTFT is E2E."""
-    body = await LineReader(resp.content).read_all()
+def _answer_object(body: bytes) -> dict:
+    """A non-streamed answer's body as its JSON object; ResponseError when it is none."""
     try:
         answer = json.loads(body)
     except ValueError as exc:
         raise ResponseError(f"malformed answer: not JSON ({exc}): {body[:100]!r}") from None
     if not isinstance(answer, dict):
         raise ResponseError(f"malformed answer: not a JSON object: {body[:100]!r}")
+    return answer
+
+
+async def _read_whole(
+    resp: aiohttp.ClientResponse, record: RequestRecord, sent: float
+) -> tuple[list[str], dict | None]:
+    """A non-streamed answer: its text and usage. Its first token arrives with its last, so TTFT is E2E."""
+    body = await LineReader(resp.content).read_all()
+    answer = _answer_object(body)
     choices = answer.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ResponseError(f"malformed answer: no choices: {body[:100]!r}")
@@ -565,12 +571,7 @@ async def _read_whole_answer(
 ) -> tuple[list[str], dict | None]:
     """A non-streamed Responses or Messages answer: its text and usage (TTFT is its E2E)."""
     body = await LineReader(resp.content).read_all()
-    try:
-        answer = json.loads(body)
-    except ValueError as exc:
-        raise ResponseError(f"malformed answer: not JSON ({exc}): {body[:100]!r}") from None
-    if not isinstance(answer, dict):
-        raise ResponseError(f"malformed answer: not a JSON object: {body[:100]!r}")
+    answer = _answer_object(body)
     whole = responses_whole(answer) if api == "responses" else messages_whole(answer)
     record.finish_reason, record.response_id = whole.finish_reason, whole.response_id
     if whole.text:
