@@ -120,7 +120,7 @@ def main() -> None:
     given |= {"output_lens": [args.output_len], "recipe": str(RECIPE)}
     if args.num_requests is not None:
         given["num_requests"] = args.num_requests
-    config = dataclasses.replace(recipe, servers=configs(recipe, args, f32), **given)
+    config = recipe.replaced({"servers": configs(recipe, args, f32), **given})
     try:
         config.validate()
         for server in config.servers:  # the peer installed, before the old run folder goes

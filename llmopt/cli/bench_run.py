@@ -31,7 +31,7 @@ def start_bench(
     try:
         config = with_overrides(load_recipe(recipe) if recipe else BenchConfig(), overrides)
         config.validate()
-        tok = load_tokenizer(resolve_tokenizer(config.tokenizer))
+        tok = load_tokenizer(resolve_tokenizer(config.workload.tokenizer))
         name = run_name or run_folder_name(recipe)
         return run_bench(config, results_dir / name, resume, tok, console)
     except (BenchError, ModelError, ValueError) as exc:
@@ -73,7 +73,7 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
     if interrupted:
         points = run.load_summaries()
     if points:
-        table = results_table(points, f"p{max(config.percentiles):g}")
+        table = results_table(points, f"p{max(config.load.percentiles):g}")
         wide = Console(width=None if console.is_terminal else natural_width(table))  # a file or pipe: all
         wide.print(table)
         for line in cost_source_lines(points):  # why a CPU or energy cell reads "-"

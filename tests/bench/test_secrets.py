@@ -32,7 +32,9 @@ def files_holding(folder: Path, text: str) -> list[str]:
 
 
 def small(**kw) -> BenchConfig:
-    return BenchConfig(prompt_lens=[8], output_lens=[2], num_requests=3, warmup=0, slo="ttft=5s", **kw)
+    return BenchConfig.from_settings(
+        prompt_lens=[8], output_lens=[2], num_requests=3, warmup=0, slo="ttft=5s", **kw
+    )
 
 
 @pytest.mark.slow
@@ -110,4 +112,4 @@ def test_a_key_in_server_args_stays_off_the_flags():
     assert spec.env()[API_KEY_ENV] == SECRET
     assert spec.recorded_args() == {"api_key": "***", "max-num-seqs": 4}
     assert spec.args["api_key"] == SECRET  # the spec itself is not changed
-    assert SECRET not in json.dumps(BenchConfig(api_key=SECRET, servers=[spec]).recorded())
+    assert SECRET not in json.dumps(BenchConfig.from_settings(api_key=SECRET, servers=[spec]).recorded())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -14,6 +14,7 @@ from llmopt.bench.auth import bearer_header
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.load.client import Target
 from llmopt.bench.servers.launcher import LocalServer
+from llmopt.bench.settings import LoadSettings, TargetSettings
 
 if TYPE_CHECKING:
     from llmopt.bench.rundir import RunDir
@@ -22,25 +23,13 @@ if TYPE_CHECKING:
 READY_TIMEOUT_S = 600  # a local server's first start may load (or convert) its model
 
 
-class TargetSettings(Protocol):
-    """The settings a target is made from (the sweep's BenchConfig has them): named here so that the
-    servers wing does not import the sweep."""
-
-    endpoint: str | None
-    model: str | None
-    api: str
-    api_key: str | None
-    ignore_eos: bool
-    request_timeout: float
-    connection_reuse: bool
-
-
 @contextlib.contextmanager
 def serving(
-    config: TargetSettings, run: RunDir, server_name: str, spec: ServerSpec | None
+    config: TargetSettings, load: LoadSettings, run: RunDir, server_name: str, spec: ServerSpec | None
 ) -> Iterator[Target]:
-    """The target to send to: the endpoint, or a local server started here (and stopped after); a
-    local server's output goes to the run folder's log of `server_name`."""
+    """The target to send to (the [target] settings, with the [load] table's timeout and connection
+    reuse): the endpoint, or a local server started here (and stopped after); a local server's output
+    goes to the run folder's log of `server_name`."""
     server = None
     if spec is not None:
         log = run.server_log(server_name)
@@ -58,8 +47,8 @@ def serving(
             config.api,
             api_key,
             config.ignore_eos,
-            config.request_timeout,
-            config.connection_reuse,
+            load.request_timeout,
+            load.connection_reuse,
             server_pid=server.pid if server is not None else None,
         )
     finally:

@@ -1,6 +1,7 @@
 """What a bench run measures: the target (an endpoint or local `llmopt serve` configs), the workload and
-the load points. A recipe fills a `BenchConfig`, command-line flags override it (`with_overrides`), and
-`validate` says what cannot run before anything starts."""
+the load points, nested as the recipe's tables (each setting declared once, in settings.py). A recipe
+fills a `BenchConfig`, command-line flags override it (`with_overrides`), and `validate` says what cannot
+run before anything starts."""
 
 from __future__ import annotations
 
@@ -10,125 +11,124 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.distribution import DEFAULT_PERCENTILES
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.wire import APIS, SESSION_APIS
 from llmopt.bench.redact import redact_args
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.servers.server_spec import ServerSpec
+from llmopt.bench.settings import (
+    TABLES,
+    LoadSettings,
+    TargetSettings,
+    WorkloadSettings,
+    setting_fields,
+    setting_name,
+)
 from llmopt.bench.slo import parse_slo
 from llmopt.bench.sweep.goodput_search import GoodputSearch
 from llmopt.bench.sweep.habit import Habit
 from llmopt.bench.workload import SESSION_WORKLOADS, WORKLOADS
-from llmopt.bench.workload.trace import MOONCAKE_BLOCK_SIZE, read_trace, send_times
+from llmopt.bench.workload.trace import read_trace, send_times
+
+# The settings in the order a run folder's summary.json has always listed them (runs written before the
+# recipe's tables nested them keep their bytes); a setting added since follows them, in its table's order.
+RECORDED_ORDER = (
+    *("endpoint", "model", "api", "servers", "workload", "prompt_lens", "output_lens", "prefix_len"),
+    *("num_prefixes", "dataset", "concurrencies", "request_rates", "arrival", "max_concurrency"),
+    *("num_requests", "max_seconds", "warmup", "slo", "percentiles", "max_error_rate", "ignore_eos"),
+    *("tokenizer", "seed", "request_timeout", "connection_reuse", "sessions", "turns", "system_len"),
+    *("agent_tools", "think_time", "burstiness", "ramp_up", "prompt_len_spread", "streams"),
+    *("reset_prefix_cache", "goodput_search", "search_percentile", "search_tolerance", "num_runs"),
+    *("rounds", "workers", "trace", "trace_block_size", "replay_speeds", "recipe", "metrics_interval"),
+    *("habits", "stop_on_saturation"),
+)
+# Not recorded: an API key, neither ours nor a local server's; and the cache, which is where checkpoints
+# are kept, not what is measured (a resumed run may move it).
+NOT_RECORDED = ("api_key", "quantized_cache")
+# {setting name: (its table, its field)}; the names the tables' fields do not hold are BenchConfig's own.
+BY_NAME = {setting_name(f): (table, f.name) for table, f in setting_fields()}
+OWN = ("servers", "habits", "recipe")
 
 
 @dataclass
 class BenchConfig:
-    """Every bench setting with its default; a recipe or a flag that leaves one out gets this value."""
+    """Every bench setting: the recipe's tables (each field's default is the setting's: settings.py), the
+    local server configs ([[serve]]), the client habits ([[habit]]) and the recipe's path."""
 
-    endpoint: str | None = None
-    model: str | None = None
-    api_key: str | None = None
-    api: str = "chat"
+    target: TargetSettings = field(default_factory=TargetSettings)
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
+    load: LoadSettings = field(default_factory=LoadSettings)
     servers: list[ServerSpec] = field(default_factory=list)
-    workload: str = "random"
-    prompt_lens: list[int] = field(default_factory=lambda: [128])
-    output_lens: list[int] = field(default_factory=lambda: [128])
-    prefix_len: int = 0
-    num_prefixes: int = 1
-    dataset: str | None = None
-    concurrencies: list[int] = field(default_factory=list)
-    request_rates: list[float] = field(default_factory=list)
-    arrival: str = "poisson"
-    max_concurrency: int | None = None
-    num_requests: int = 64
-    max_seconds: float | None = None
-    warmup: int = 2
-    slo: str | None = None
-    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
-    max_error_rate: float | None = None
-    ignore_eos: bool = True
-    tokenizer: str | None = None
-    seed: int = 0
-    request_timeout: float = 600.0  # a request fails once the server sends nothing for this many seconds
-    # False: a new connection per request, for servers that drop kept-alive connections without saying so
-    # (xllamacpp's llama.cpp server after a stream); the bench never re-sends a request on a dead one.
-    connection_reuse: bool = True
-    # Multi-turn workloads (multi-turn, agent, conversations): sessions at once (a sweep axis; rates are
-    # then sessions started per second), turns per session, the shared system prompt's length, and the
-    # pause between an answer and the next turn. Their turn length is the prompt-length axis.
-    sessions: list[int] = field(default_factory=list)
-    turns: int = 4
-    system_len: int = 256
-    # The agent workload's tools: "api" sends them as `tools` (text once a server refuses them); "text"
-    # writes them into the messages for every server alike, so that no engine's tool support counts.
-    agent_tools: str = "api"
-    think_time: float = 0.0
-    burstiness: float = 1.0  # gamma shape of Poisson arrivals (vllm bench serve's): 1 Poisson, < 1 burstier
-    ramp_up: float = 0.0  # seconds over which a rate point's rate grows linearly from 0
-    prompt_len_spread: float = 0.0  # prompt (or turn) lengths drawn uniformly from length * (1 +- this)
-    streams: list[bool] = field(default_factory=lambda: [True])  # a sweep axis: [True, False] tries both
-    reset_prefix_cache: bool = True  # POST /reset_prefix_cache before each point, where the server has it
-    # The highest load meeting these SLOs (search.py), from the one load point given as the first probe.
-    goodput_search: str | None = None
-    search_percentile: float = 90.0
-    search_tolerance: float = 0.1
-    num_runs: int = 1  # each point this many times: summaries then carry each headline metric's 95 % CI
-    # Server configs take turns this many times (rounds.py): round 1 of every config, then round 2 ...
-    rounds: int = 1
-    workers: int = 1  # client processes that share each point's load (workers.py), for what one cannot drive
-    # The replay workload: a trace file (trace.py), its block size, and the speeds to replay it at (a
-    # sweep axis, one point each: 2.0 sends twice as fast as the trace).
-    trace: str | None = None
-    trace_block_size: int = MOONCAKE_BLOCK_SIZE
-    replay_speeds: list[float] = field(default_factory=list)
-    recipe: str | None = None
-    # The server's /metrics sampled this often during each point (server_metrics.py); 0: not sampled.
-    metrics_interval: float = 0.5
     # A recipe's [[habit]] entries: each baseline point is run once more per habit, with its one change.
     habits: list[Habit] = field(default_factory=list)
-    quantized_cache: str | None = None  # quantized checkpoints' folder; default ~/.cache/llmopt/quantized
-    # End a point once it saturates and skip the higher loads of its series (stop_on_saturation.py).
-    stop_on_saturation: bool = False
+    recipe: str | None = None
+
+    @classmethod
+    def from_settings(cls, **settings: object) -> BenchConfig:
+        """The defaults with these settings, by name (`num_requests=8`, `servers=[...]`)."""
+        return cls().replaced(settings)
+
+    def settings(self) -> dict[str, object]:
+        """{setting name: value} of every table's settings (the names a run records them by)."""
+        return {name: getattr(getattr(self, table), f) for name, (table, f) in BY_NAME.items()}
+
+    def replaced(self, settings: dict[str, object]) -> BenchConfig:
+        """These settings with some replaced, by name; a name that is no setting is a ValueError."""
+        unknown = set(settings) - set(BY_NAME) - set(OWN)
+        if unknown:
+            raise ValueError(f"not a bench setting: {', '.join(sorted(unknown))}")
+        tables: dict[str, dict[str, object]] = {table: {} for table in TABLES}
+        for name, value in settings.items():
+            if name in BY_NAME:
+                table, f = BY_NAME[name]
+                tables[table][f] = value
+        own = {name: value for name, value in settings.items() if name in OWN}
+        # Every table copied, changed or not: validate() fills in defaults of its own config's tables only.
+        copied = {table: dataclasses.replace(getattr(self, table), **v) for table, v in tables.items()}
+        return dataclasses.replace(self, **copied, **own)
 
     def validate(self) -> None:
         """Raise BenchError for a setting that cannot run; with no load point given, run concurrency 1."""
-        if not self.endpoint and not self.servers:
+        if not self.target.endpoint and not self.servers:
             raise BenchError(
                 "give --endpoint URL (any OpenAI-compatible server) or a --recipe with [[serve]] configs"
             )
-        if self.api not in APIS:
+        if self.target.api not in APIS:
             raise BenchError(f"--api must be one of {', '.join(APIS)}")
-        if self.arrival not in ("poisson", "constant"):
+        if self.load.arrival not in ("poisson", "constant"):
             raise BenchError("--arrival must be 'poisson' or 'constant'")
-        if self.workload not in WORKLOADS:
+        if self.workload.kind not in WORKLOADS:
             raise BenchError(f"--workload must be one of {', '.join(WORKLOADS)}")
-        if self.workload in ("file", "conversations") and not self.dataset:
-            raise BenchError(f"the '{self.workload}' workload needs --dataset FILE (JSONL or ShareGPT JSON)")
+        if self.workload.kind in ("file", "conversations") and not self.workload.dataset:
+            raise BenchError(
+                f"the '{self.workload.kind}' workload needs --dataset FILE (JSONL or ShareGPT JSON)"
+            )
         self._validate_replay()
         self._validate_sessions()
         self._validate_traffic()
-        if any(c < 1 for c in self.concurrencies) or any(r <= 0 for r in self.request_rates):
+        if any(c < 1 for c in self.load.concurrencies) or any(r <= 0 for r in self.load.request_rates):
             raise BenchError("concurrency must be >= 1 and request rates > 0")
-        if any(n < 1 for n in self.prompt_lens + self.output_lens) or self.num_requests < 1:
+        if (
+            any(n < 1 for n in self.workload.prompt_lens + self.workload.output_lens)
+            or self.load.num_requests < 1
+        ):
             raise BenchError("prompt and output lengths and --num-requests must be >= 1")
-        if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
+        if self.load.max_error_rate is not None and not 0 <= self.load.max_error_rate <= 1:
             raise BenchError("--max-error-rate is a fraction between 0 and 1")
-        if not self.request_timeout > 0:
+        if not self.load.request_timeout > 0:
             raise BenchError("--request-timeout must be a positive number of seconds")
-        if self.num_runs < 1:
+        if self.load.num_runs < 1:
             raise BenchError("--num-runs must be >= 1")
-        if self.rounds < 1:
+        if self.load.rounds < 1:
             raise BenchError("rounds must be >= 1")
-        if self.rounds > 1 and self.goodput_search:
+        if self.load.rounds > 1 and self.load.goodput_search:
             raise BenchError("rounds and --goodput-search do not mix: a search's probes follow each other")
-        if self.agent_tools not in ("api", "text"):
+        if self.workload.agent_tools not in ("api", "text"):
             raise BenchError("the agent workload's tools are 'api' (sent as `tools`) or 'text' (in messages)")
-        if self.workers < 1:
+        if self.load.workers < 1:
             raise BenchError("--workers must be >= 1")
         try:
-            parse_slo(self.slo)
+            parse_slo(self.load.slo)
             for server in self.servers:
                 check_server_name(server.name)
         except ValueError as exc:
@@ -138,73 +138,73 @@ class BenchConfig:
         names = [server.name for server in self.servers]
         if len(set(names)) < len(names):
             raise BenchError(f"server names must differ (each names its points and log): {', '.join(names)}")
-        if not self.metrics_interval >= 0:
+        if not self.load.metrics_interval >= 0:
             raise BenchError("--metrics-interval is a number of seconds, 0 (off) or more")
         self._validate_search()
         self._validate_habits()
 
     def _validate_sessions(self) -> None:
         """Multi-turn workloads count sessions, the others requests; with no load point, run one of either."""
-        if self.workload not in SESSION_WORKLOADS:
-            if self.sessions:
+        if self.workload.kind not in SESSION_WORKLOADS:
+            if self.load.sessions:
                 raise BenchError(f"--sessions is for the {', '.join(SESSION_WORKLOADS)} workloads")
-            if not self.concurrencies and not self.request_rates and not self.replay_speeds:
-                self.concurrencies = [1]
+            if not self.load.concurrencies and not self.load.request_rates and not self.load.replay_speeds:
+                self.load.concurrencies = [1]
             return
-        if self.concurrencies:
+        if self.load.concurrencies:
             raise BenchError(
-                f"the {self.workload} workload counts sessions: give --sessions N (sessions at once) or "
+                f"the {self.workload.kind} workload counts sessions: give --sessions N (sessions at once) or "
                 "--request-rate R (sessions started per second), not --concurrency"
             )
-        if self.api not in SESSION_APIS:
+        if self.target.api not in SESSION_APIS:
             apis = " or ".join(SESSION_APIS)
-            raise BenchError(f"the {self.workload} workload sends conversations: it needs --api {apis}")
-        if not self.sessions and not self.request_rates:
-            self.sessions = [1]
-        if any(s < 1 for s in self.sessions) or self.turns < 1 or self.system_len < 0:
+            raise BenchError(f"the {self.workload.kind} workload sends conversations: it needs --api {apis}")
+        if not self.load.sessions and not self.load.request_rates:
+            self.load.sessions = [1]
+        if any(s < 1 for s in self.load.sessions) or self.workload.turns < 1 or self.workload.system_len < 0:
             raise BenchError("--sessions and --turns must be >= 1 and --system-len >= 0")
-        if not self.think_time >= 0:
+        if not self.load.think_time >= 0:
             raise BenchError("--think-time is a number of seconds, 0 or more")
 
     def _validate_replay(self) -> None:
         """The replay workload sends at its trace's times (at speed 1 unless given); a bad trace line is
         an error now, before any server starts."""
-        if self.workload != "replay":
-            if self.replay_speeds or self.trace:
+        if self.workload.kind != "replay":
+            if self.load.replay_speeds or self.workload.trace:
                 raise BenchError("--trace and --replay-speed are for the replay workload (--workload replay)")
             return
-        if not self.trace:
+        if not self.workload.trace:
             raise BenchError("the replay workload needs --trace FILE (JSONL in the Mooncake trace format)")
-        if self.concurrencies or self.request_rates:
+        if self.load.concurrencies or self.load.request_rates:
             raise BenchError(
                 "the replay workload sends at its trace's times: give --replay-speed, not --concurrency or "
                 "--request-rate"
             )
-        self.replay_speeds = self.replay_speeds or [1.0]
-        if not all(s > 0 for s in self.replay_speeds) or self.trace_block_size < 1:
+        self.load.replay_speeds = self.load.replay_speeds or [1.0]
+        if not all(s > 0 for s in self.load.replay_speeds) or self.workload.trace_block_size < 1:
             raise BenchError("--replay-speed must be positive and --trace-block-size >= 1")
         try:
-            read_trace(Path(self.trace))
+            read_trace(Path(self.workload.trace))
         except ValueError as exc:
             raise BenchError(str(exc)) from None
 
     def _validate_traffic(self) -> None:
-        if not self.burstiness > 0:
+        if not self.load.burstiness > 0:
             raise BenchError("--burstiness must be positive (1 is Poisson, below 1 burstier)")
-        if self.burstiness != 1.0 and self.arrival != "poisson":
+        if self.load.burstiness != 1.0 and self.load.arrival != "poisson":
             raise BenchError("--burstiness shapes Poisson arrivals: it needs --arrival poisson")
-        if not self.ramp_up >= 0:
+        if not self.load.ramp_up >= 0:
             raise BenchError("--ramp-up is a number of seconds, 0 or more")
-        if not 0 <= self.prompt_len_spread < 1:
+        if not 0 <= self.workload.prompt_len_spread < 1:
             raise BenchError("--prompt-len-spread is a fraction, at least 0 and below 1")
-        if not self.streams or not all(isinstance(s, bool) for s in self.streams):
+        if not self.load.streams or not all(isinstance(s, bool) for s in self.load.streams):
             raise BenchError("stream is true, false, or a list of them")
 
     def _validate_search(self) -> None:
-        if self.goodput_search is None:
+        if self.load.goodput_search is None:
             return
         try:
-            slo = parse_slo(self.goodput_search)
+            slo = parse_slo(self.load.goodput_search)
         except ValueError as exc:
             raise BenchError(f"--goodput-search: {exc}") from None
         if not slo:
@@ -214,16 +214,16 @@ class BenchConfig:
                 "--goodput-search starts from one load point: give one --concurrency, --sessions or "
                 "--request-rate (the first probe) and one stream setting"
             )
-        if not 0 < self.search_percentile <= 100 or not self.search_tolerance > 0:
+        if not 0 < self.load.search_percentile <= 100 or not self.load.search_tolerance > 0:
             raise BenchError("--search-percentile is in (0, 100] and --search-tolerance positive")
-        if self.search_percentile not in self.percentiles:  # the search reads it from the summaries
-            self.percentiles = tuple(sorted({*self.percentiles, self.search_percentile}))
+        if self.load.search_percentile not in self.load.percentiles:  # the search reads it from the summaries
+            self.load.percentiles = tuple(sorted({*self.load.percentiles, self.load.search_percentile}))
 
     def _validate_habits(self) -> None:
         names = [habit.name for habit in self.habits]
         if len(set(names)) < len(names):
             raise BenchError(f"habit names must differ (each names its points): {', '.join(names)}")
-        if self.habits and self.goodput_search:
+        if self.habits and self.load.goodput_search:
             raise BenchError("habits and --goodput-search do not mix: measure habits at given load points")
         for habit in self.habits:
             try:
@@ -238,18 +238,18 @@ class BenchConfig:
 
     def habit_config(self, habit: Habit) -> BenchConfig:
         """The settings a habit's points run with: these, with the habit's changes and no habits."""
-        return dataclasses.replace(self, habits=[], **habit.fields())
+        return self.replaced({"habits": [], **habit.fields()})
 
     def search(self) -> GoodputSearch:
         """The goodput search the settings ask for (validate first)."""
         [first] = self.load_points()
         axis = load_axis(first)
         return GoodputSearch(
-            parse_slo(self.goodput_search),
+            parse_slo(self.load.goodput_search),
             getattr(first, axis),
             axis in ("concurrency", "sessions"),
-            self.search_percentile,
-            self.search_tolerance,
+            self.load.search_percentile,
+            self.load.search_tolerance,
         )
 
     def search_point(self, load: float) -> LoadPoint:
@@ -261,49 +261,50 @@ class BenchConfig:
         )
 
     def recorded(self) -> dict:
-        """The settings as a run folder keeps them (summary.json): JSON values, without any API key,
-        neither ours nor a local server's."""
-        # The cache is where checkpoints are kept, not what is measured (a resumed run may move it).
-        skipped = ("api_key", "quantized_cache")
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in skipped}
-        values["servers"] = [{**server, "args": redact_args(server["args"])} for server in values["servers"]]
-        for server in values["servers"]:
-            if server["quantize"] is None:  # as runs written before quantization recorded it (resume)
-                del server["quantize"]
-            if server["engine"] == "llmopt":  # likewise: runs before other engines were all llmopt's
-                del server["engine"]
-        return json.loads(json.dumps(values))
+        """The settings as a run folder keeps them (summary.json's `settings.config`): one flat list by
+        setting name in RECORDED_ORDER, JSON values, without any API key, neither ours nor a local
+        server's."""
+        values = {
+            **self.settings(),
+            "servers": [recorded_server(server) for server in self.servers],
+            "habits": [dataclasses.asdict(habit) for habit in self.habits],
+            "recipe": self.recipe,
+        }
+        order = [*RECORDED_ORDER, *(name for name in values if name not in RECORDED_ORDER)]
+        return json.loads(json.dumps({name: values[name] for name in order if name not in NOT_RECORDED}))
 
     def load_points(self) -> list[LoadPoint]:
         common = {
-            "num_requests": self.num_requests,
-            "max_seconds": self.max_seconds,
-            "warmup": self.warmup,
-            "max_error_rate": self.max_error_rate,
-            "seed": self.seed,
-            "think_time": self.think_time,
-            "workers": self.workers,
-            "stop_on_saturation": self.stop_on_saturation,
+            "num_requests": self.load.num_requests,
+            "max_seconds": self.load.max_seconds,
+            "warmup": self.load.warmup,
+            "max_error_rate": self.load.max_error_rate,
+            "seed": self.workload.seed,
+            "think_time": self.load.think_time,
+            "workers": self.load.workers,
+            "stop_on_saturation": self.load.stop_on_saturation,
         }
         open_loop = {
-            "arrival": self.arrival,
-            "max_concurrency": self.max_concurrency,
-            "burstiness": self.burstiness,
-            "ramp_up_s": self.ramp_up,
+            "arrival": self.load.arrival,
+            "max_concurrency": self.load.max_concurrency,
+            "burstiness": self.load.burstiness,
+            "ramp_up_s": self.load.ramp_up,
         }
         # A multi-turn workload's rate starts sessions; any other's sends requests.
-        rate = "session_rate" if self.workload in SESSION_WORKLOADS else "request_rate"
-        points = [LoadPoint(concurrency=c, **common) for c in self.concurrencies]
-        points += [LoadPoint(sessions=s, **common) for s in self.sessions]
-        points += [LoadPoint(**{rate: r}, **open_loop, **common) for r in self.request_rates]
-        if self.replay_speeds:
-            schedule = send_times(read_trace(Path(self.trace)))
-            replay = {**common, "num_requests": min(self.num_requests, len(schedule))}
+        rate = "session_rate" if self.workload.kind in SESSION_WORKLOADS else "request_rate"
+        points = [LoadPoint(concurrency=c, **common) for c in self.load.concurrencies]
+        points += [LoadPoint(sessions=s, **common) for s in self.load.sessions]
+        points += [LoadPoint(**{rate: r}, **open_loop, **common) for r in self.load.request_rates]
+        if self.load.replay_speeds:
+            schedule = send_times(read_trace(Path(self.workload.trace)))
+            replay = {**common, "num_requests": min(self.load.num_requests, len(schedule))}
             points += [
-                LoadPoint(replay_speed=s, schedule=schedule, max_concurrency=self.max_concurrency, **replay)
-                for s in self.replay_speeds
+                LoadPoint(
+                    replay_speed=s, schedule=schedule, max_concurrency=self.load.max_concurrency, **replay
+                )
+                for s in self.load.replay_speeds
             ]
-        return [dataclasses.replace(p, stream=stream) for stream in self.streams for p in points]
+        return [dataclasses.replace(p, stream=stream) for stream in self.load.streams for p in points]
 
 
 def load_axis(point: LoadPoint) -> str:
@@ -315,16 +316,23 @@ def load_axis(point: LoadPoint) -> str:
     )
 
 
+def recorded_server(server: ServerSpec) -> dict:
+    """A [[serve]] config as a run folder keeps it: its args without the API key."""
+    recorded = {**dataclasses.asdict(server), "args": redact_args(server.args)}
+    if recorded["quantize"] is None:  # as runs written before quantization recorded it (resume)
+        del recorded["quantize"]
+    if recorded["engine"] == "llmopt":  # likewise: runs before other engines were all llmopt's
+        del recorded["engine"]
+    return recorded
+
+
 def with_overrides(config: BenchConfig, overrides: dict[str, object]) -> BenchConfig:
-    """`config` with every override that is not None in place of its value ({field name: value}).
+    """`config` with every override that is not None in place of its value ({setting name: value}).
 
     None means "not given", so a flag's value counts even when it equals the default (`--api chat`
     over a recipe's "completions"). An endpoint replaces the config's local servers: the command line
     then points the recipe at another server instead of starting its own."""
     given = {key: value for key, value in overrides.items() if value is not None}
-    unknown = set(given) - {f.name for f in dataclasses.fields(BenchConfig)}
-    if unknown:
-        raise ValueError(f"not a bench setting: {', '.join(sorted(unknown))}")
     if given.get("endpoint"):
         given["servers"] = []
-    return dataclasses.replace(config, **given)
+    return config.replaced(given)

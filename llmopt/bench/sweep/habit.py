@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from llmopt.bench.load.load_point import LoadPoint
 
-# {recipe key: BenchConfig field} of the settings a habit may change.
+# {recipe key: setting name (settings.py)} of the settings a habit may change.
 SETTINGS = {
     "stream": "streams",
     "prompt_len_spread": "prompt_len_spread",
@@ -49,7 +49,7 @@ class Habit:
                 raise ValueError(f"habit {self.name!r}: {key} is {kind}")
 
     def fields(self) -> dict[str, object]:
-        """The habit as BenchConfig fields (a habit streams or does not: one stream setting)."""
+        """The habit as settings by name (a habit streams or does not: one stream setting)."""
         out = {SETTINGS[key]: value for key, value in self.settings.items()}
         if "streams" in out:
             out["streams"] = [out["streams"]]
@@ -73,6 +73,6 @@ class Habit:
         """{recipe key: [baseline value, habit value]} against the baseline `config` (a BenchConfig) and
         its load point `base`."""
         return {
-            key: [base.stream if key == "stream" else getattr(config, SETTINGS[key]), value]
+            key: [base.stream if key == "stream" else config.settings()[SETTINGS[key]], value]
             for key, value in self.settings.items()
         }

@@ -30,7 +30,10 @@ def matrix(config: BenchConfig) -> list[MatrixEntry]:
     """The baseline's cells (prompt x output length x load point), then each habit's: every baseline
     cell it applies to, with its one change (the baseline's places, and so its seeds, stay as they were)."""
     base: list[Cell] = [
-        (pl, ol, lp) for pl in config.prompt_lens for ol in config.output_lens for lp in config.load_points()
+        (pl, ol, lp)
+        for pl in config.workload.prompt_lens
+        for ol in config.workload.output_lens
+        for lp in config.load_points()
     ]
     entries = [MatrixEntry(cell) for cell in base]
     for habit in config.habits:

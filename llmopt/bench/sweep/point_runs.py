@@ -49,7 +49,7 @@ def measure(
     """The runs of a point numbered `repeats` (each number seeds its run's prompts)."""
     key = point_key(server_name, *cell)
     target = dataclasses.replace(
-        target, stream=cell[2].stream, connection_reuse=sweep.config.connection_reuse
+        target, stream=cell[2].stream, connection_reuse=sweep.config.load.connection_reuse
     )
     local = spec is not None  # only a local llmopt server is asked for its speculation counters
     before = scrape_spec_counters(target.endpoint) if local else None
@@ -62,12 +62,14 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
     """One run of a point, after resetting the prefix cache."""
     config, tokenizer = sweep.config, sweep.tokenizer
     prompt_len, output_len, point = cell
-    if config.rounds > 1:  # its records say which run they are of (rounds.py: --resume keeps finished rounds)
+    if (
+        config.load.rounds > 1
+    ):  # its records say which run they are of (rounds.py: --resume keeps finished rounds)
         point = dataclasses.replace(point, run=repeat)
         cell = (prompt_len, output_len, point)
     # Fresh prompts for every point, run and warm-up, so that none is served from prefix-cache entries
     # that an earlier one left behind; a point's place in the matrix seeds them (resume sends the same).
-    seed = config.seed + 7919 * index + 104729 * repeat
+    seed = config.workload.seed + 7919 * index + 104729 * repeat
     # Counts a server's answer leaves out: from its /tokenize where it has one, else the local tokenizer.
     count = TokenCounter(
         functools.partial(count_tokens, tokenizer) if tokenizer is not None else None,
@@ -77,14 +79,19 @@ def run_once(sweep: Sweep, target: Target, key: str, index: int, cell: Cell, rep
     )
     reset, warnings = cache_hygiene(config, target, index + repeat, point)
     planned: dict[int, int] = {}
-    with MetricsSampler(target.endpoint.rstrip("/").removesuffix("/v1"), config.metrics_interval) as sampler:
-        if config.workload in SESSION_WORKLOADS:
+    with MetricsSampler(
+        target.endpoint.rstrip("/").removesuffix("/v1"), config.load.metrics_interval
+    ) as sampler:
+        if config.workload.kind in SESSION_WORKLOADS:
             result, planned = run_sessions_cell(sweep, target, key, cell, seed, count, repeat)
         else:
-            requests = make_requests(config, tokenizer, prompt_len, output_len, seed)
+            workload = config.workload
+            requests = make_requests(
+                workload, tokenizer, prompt_len, output_len, seed, config.load.num_requests
+            )
             if point.warmup:
                 point.warmup_requests = make_requests(
-                    config, tokenizer, prompt_len, output_len, seed + 1, point.warmup
+                    workload, tokenizer, prompt_len, output_len, seed + 1, point.warmup
                 )
             progress = sweep.on_point_start(key, point) if sweep.on_point_start else None
             meter = machine_meter(target)
@@ -104,10 +111,10 @@ def cache_hygiene(
     """Before a run: reset the server's prefix cache (None: not asked to), and say what may still serve
     it from a cache (prefix_cache.py); `earlier` counts the points and runs this server ran before."""
     reset = None
-    if config.reset_prefix_cache:
+    if config.load.reset_prefix_cache:
         reset = reset_prefix_cache(target.endpoint, target.api_key, min(60.0, target.timeout_s))
-    repeating = config.workload in REPEATING_WORKLOADS
-    file_warmup = config.workload == "file" and point.warmup > 0
+    repeating = config.workload.kind in REPEATING_WORKLOADS
+    file_warmup = config.workload.kind == "file" and point.warmup > 0
     return reset, cache_warnings(repeating, earlier, bool(reset), file_warmup)
 
 
@@ -119,13 +126,17 @@ def run_sessions_cell(
     config, tokenizer = sweep.config, sweep.tokenizer
     turn_len, output_len, point = cell
     width = point.sessions or 1
-    wanted = max(width, math.ceil(config.num_requests / config.turns))
+    wanted = max(width, math.ceil(config.load.num_requests / config.workload.turns))
     conversations = enough(
-        make_conversations(config, tokenizer, turn_len, output_len, seed, wanted), config.num_requests, width
+        make_conversations(config.workload, tokenizer, turn_len, output_len, seed, wanted),
+        config.load.num_requests,
+        width,
     )
     warm = None
     if point.warmup:
-        warm = random_prompts(tokenizer, point.warmup, config.system_len + turn_len, output_len, seed + 5)
+        warm = random_prompts(
+            tokenizer, point.warmup, config.workload.system_len + turn_len, output_len, seed + 5
+        )
     planned = sum(len(c.turns) for c in conversations)
     progress = None
     if sweep.on_point_start:

@@ -30,7 +30,7 @@ def run_cell(
 ) -> dict:
     """Run one load point of one server (--num-runs times) and return its summary: the runs' records
     pooled, and with several runs each headline metric's mean and confidence interval (repeats.py)."""
-    measured = measure(sweep, target, server_name, spec, index, cell, range(sweep.config.num_runs))
+    measured = measure(sweep, target, server_name, spec, index, cell, range(sweep.config.load.num_runs))
     return summarize_runs(sweep, target, server_name, spec, cell, measured)
 
 
@@ -43,15 +43,15 @@ def summarize_runs(
     prompt_len, output_len, point = cell
     records = [r for run in runs for r in run.result.records]
     wall = sum(run.result.wall_s for run in runs)
-    summary = summarize_results([run.result for run in runs], sweep.slo, config.percentiles)
+    summary = summarize_results([run.result for run in runs], sweep.slo, config.load.percentiles)
     if spec is not None:
         summary["spec"] = measured.spec
-    if config.workload in SESSION_WORKLOADS:
+    if config.workload.kind in SESSION_WORKLOADS:
         planned = {s: n for run in runs for s, n in run.planned_turns.items()}
-        summary.update(summarize_sessions(records, wall, planned, config.percentiles))
+        summary.update(summarize_sessions(records, wall, planned, config.load.percentiles))
         summary["tools"] = pooled_tools([run.result.tools for run in runs])
     if len(runs) > 1:
-        summary["repeats"] = repeat_summary([[r.result] for r in runs], sweep.slo, config.percentiles)
+        summary["repeats"] = repeat_summary([[r.result] for r in runs], sweep.slo, config.load.percentiles)
     summary.update(
         {
             "key": point_key(server_name, *cell),

@@ -1,75 +1,21 @@
-"""A sweep recipe: a TOML file with [target], [[serve]], [workload] and [load] tables (see recipes/*.toml)
-read into a BenchConfig. A key the recipe leaves out keeps BenchConfig's default; a key it misspells is
-an error naming the file, not a setting silently ignored."""
+"""A sweep recipe: a TOML file with [target], [[serve]], [workload], [load] and [[habit]] tables (see
+recipes/*.toml) read into a BenchConfig. Each table's keys are its settings' recipe keys (settings.py); a
+key the recipe leaves out keeps the setting's default, and a key it misspells is an error naming the
+file, not a setting silently ignored."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.rundir import check_server_name
 from llmopt.bench.servers.quantized_serve import parse_quantize
+from llmopt.bench.settings import TABLES, is_axis, recipe_key, setting_of
 from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.bench.sweep.habit import Habit
 from llmopt.files import read_toml
 
-# {table: {recipe key: BenchConfig field}}
-TABLES: dict[str, dict[str, str]] = {
-    "target": {
-        "endpoint": "endpoint",
-        "model": "model",
-        "api_key": "api_key",
-        "api": "api",
-        "quantized_cache": "quantized_cache",
-    },
-    "workload": {
-        "kind": "workload",
-        "prompt_len": "prompt_lens",
-        "output_len": "output_lens",
-        "prefix_len": "prefix_len",
-        "num_prefixes": "num_prefixes",
-        "dataset": "dataset",
-        "turns": "turns",
-        "turn_len": "prompt_lens",  # a multi-turn workload's prompt length: give one of the two
-        "system_len": "system_len",
-        "prompt_len_spread": "prompt_len_spread",
-        "trace": "trace",
-        "trace_block_size": "trace_block_size",
-        "tools": "agent_tools",
-    },
-    "load": {
-        "concurrency": "concurrencies",
-        "request_rate": "request_rates",
-        "arrival": "arrival",
-        "max_concurrency": "max_concurrency",
-        "num_requests": "num_requests",
-        "max_seconds": "max_seconds",
-        "warmup": "warmup",
-        "slo": "slo",
-        "max_error_rate": "max_error_rate",
-        "request_timeout": "request_timeout",
-        "connection_reuse": "connection_reuse",
-        "sessions": "sessions",
-        "think_time": "think_time",
-        "burstiness": "burstiness",
-        "ramp_up": "ramp_up",
-        "stream": "streams",
-        "reset_prefix_cache": "reset_prefix_cache",
-        "goodput_search": "goodput_search",
-        "search_percentile": "search_percentile",
-        "search_tolerance": "search_tolerance",
-        "num_runs": "num_runs",
-        "rounds": "rounds",
-        "workers": "workers",
-        "metrics_interval": "metrics_interval",
-        "replay_speed": "replay_speeds",
-        "stop_on_saturation": "stop_on_saturation",
-    },
-}
-# Fields that hold one value per sweep axis: a recipe may give one number or a list.
-LIST_FIELDS = {
-    *("prompt_lens", "output_lens", "concurrencies", "request_rates", "sessions", "streams", "replay_speeds")
-}
 SERVE_KEYS = {"name", "model", "args", "quantize", "engine"}
 
 
@@ -82,27 +28,40 @@ def load_recipe(path: Path) -> BenchConfig:
     unknown = set(data) - {*TABLES, "serve", "habit"}
     if unknown:
         raise BenchError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}")
-    values: dict[str, object] = {"habits": _habits(path, data.get("habit", []))}
-    for table, keys in TABLES.items():
-        values.update(_table_values(path, table, data.get(table, {}), keys))
-    return BenchConfig(**values, servers=_servers(path, data.get("serve", [])), recipe=str(path))
+    tables = {name: table_settings(path, name, data.get(name, {})) for name in TABLES}
+    servers, habits = _servers(path, data.get("serve", [])), _habits(path, data.get("habit", []))
+    return BenchConfig(**tables, servers=servers, habits=habits, recipe=str(path))
 
 
-def _table_values(path: Path, table: str, body: object, keys: dict[str, str]) -> dict[str, object]:
+def table_settings(path: Path, name: str, body: object) -> object:
+    """The recipe's [name] table as that table's settings (settings.py)."""
     if not isinstance(body, dict):
-        raise BenchError(f"{path}: [{table}] must be a table")
-    unknown = set(body) - set(keys)
+        raise BenchError(f"{path}: [{name}] must be a table")
+    table = TABLES[name]
+    fields = {recipe_key(f): f for f in dataclasses.fields(table)}
+    aliases = {alias: f for f in fields.values() for alias in setting_of(f).aliases}
+    unknown = set(body) - set(fields) - set(aliases)
     if unknown:
-        raise BenchError(
-            f"{path}: unknown key(s) in [{table}]: {', '.join(sorted(unknown))} (known: {', '.join(keys)})"
-        )
-    if {"prompt_len", "turn_len"} <= set(body):
-        raise BenchError(f"{path}: [{table}] gives prompt_len and turn_len, one setting: give one of them")
+        known = ", ".join([*fields, *aliases])
+        raise BenchError(f"{path}: unknown key(s) in [{name}]: {', '.join(sorted(unknown))} (known: {known})")
     values: dict[str, object] = {}
     for key, value in body.items():
-        name = keys[key]
-        values[name] = value if name not in LIST_FIELDS or isinstance(value, list) else [value]
-    return values
+        f = fields.get(key) or aliases[key]
+        if f.name in values:
+            given = " and ".join(k for k in [recipe_key(f), *setting_of(f).aliases] if k in body)
+            raise BenchError(f"{path}: [{name}] gives {given}, one setting: give one of them")
+        values[f.name] = recipe_value(table, f, value)
+    return table(**values)
+
+
+def recipe_value(table: type, f: dataclasses.Field, value: object) -> object:
+    """A recipe's value as its field holds it: a sweep axis from one value or a list of them, a tuple
+    (the percentiles) from a list; any other as it is (validate judges it)."""
+    if is_axis(table, f) and not isinstance(value, list):
+        return [value]
+    if isinstance(f.default, tuple) and isinstance(value, list):
+        return tuple(value)
+    return value
 
 
 def _servers(path: Path, entries: object) -> list[ServerSpec]:

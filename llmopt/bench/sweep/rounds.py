@@ -111,7 +111,7 @@ def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> It
     round, while its server still runs (the sweep keeps it in the run before the next point)."""
     entries = list(enumerate(matrix(sweep.config)))
     kept = finished_rounds(sweep.run.read_rounds(), sweep.run.read_records(), sweep.done_keys)
-    for round_ in range(sweep.config.rounds):
+    for round_ in range(sweep.config.load.rounds):
         for server_name, spec in targets:
             todo = []
             for index, entry in entries:
@@ -120,7 +120,7 @@ def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> It
                     todo.append((index, entry))
             if not todo:
                 continue
-            with serving(sweep.config, sweep.run, server_name, spec) as target:
+            with serving(sweep.config.target, sweep.config.load, sweep.run, server_name, spec) as target:
                 for index, entry in todo:
                     summary = run_round(sweep, target, (server_name, spec), index, entry, round_, kept)
                     if summary is not None:
@@ -141,12 +141,12 @@ def run_round(
     server_name, spec = server
     key = point_key(server_name, *entry.cell)
     cell_sweep = sweep.for_entry(entry)
-    repeats = round_repeats(round_, sweep.config.num_runs)
+    repeats = round_repeats(round_, sweep.config.load.num_runs)
     measured = measure(cell_sweep, target, server_name, spec, index, entry.cell, repeats)
     sweep.run.append_round(round_entry(key, round_, measured))
     rounds = kept.setdefault(key, {})
     rounds[round_] = measured
-    if len(rounds) < sweep.config.rounds:
+    if len(rounds) < sweep.config.load.rounds:
         return None
     summary = summarize_rounds(
         cell_sweep, target, server_name, spec, entry.cell, [rounds[r] for r in sorted(rounds)]
@@ -170,6 +170,9 @@ def summarize_rounds(
     measured = Measured(runs, total_spec(rounds))
     summary = summarize_runs(sweep, target, server_name, spec, cell, measured)
     per_round = [[run.result for run in m.runs] for m in rounds]
-    summary["repeats"] = {**repeat_summary(per_round, sweep.slo, sweep.config.percentiles), "over": "rounds"}
+    summary["repeats"] = {
+        **repeat_summary(per_round, sweep.slo, sweep.config.load.percentiles),
+        "over": "rounds",
+    }
     summary["rounds"] = len(rounds)
     return summary

@@ -37,7 +37,7 @@ def run_searches(
     whether it is the answer."""
     config = sweep.config
     done = {p["key"]: p for p in sweep.points}
-    lengths = itertools.product(config.prompt_lens, config.output_lens)
+    lengths = itertools.product(config.workload.prompt_lens, config.workload.output_lens)
     for number, (prompt_len, output_len) in enumerate(lengths):
         cells = (server_name, spec, number, prompt_len, output_len)
         result = yield from search_length(sweep, target, cells, done)
@@ -46,8 +46,8 @@ def run_searches(
             "server": server_name,
             "prompt_len": prompt_len,
             "output_len": output_len,
-            "slo": config.goodput_search,
-            "percentile": config.search_percentile,
+            "slo": config.load.goodput_search,
+            "percentile": config.load.search_percentile,
             "answer": result.answer,
             "answer_key": answer["key"] if answer else None,
             "probes": [p["key"] for p in result.probes],

@@ -53,7 +53,7 @@ def run_sweep(
         "machine": machine_info(),
     }
     # Quantized configs are served from checkpoints made (or found in the cache) before any point runs.
-    cache = Path(config.quantized_cache) if config.quantized_cache else None
+    cache = Path(config.target.quantized_cache) if config.target.quantized_cache else None
     servers, quantized = prepare_servers(config.servers, cache)
     if quantized:
         settings["quantization"] = quantized
@@ -64,14 +64,14 @@ def run_sweep(
             run=run,
             tokenizer=tokenizer,
             settings=settings,
-            slo=parse_slo(config.slo),
+            slo=parse_slo(config.load.slo),
             records_out=records_out,
             points=done[:],
             done_keys={p["key"] for p in done},
             on_point_start=on_point_start,
         )
         told = Notices(on_point_done, on_point_skipped)
-        if config.rounds > 1:
+        if config.load.rounds > 1:
             for summary in run_rounds(sweep, targets):
                 finish_point(sweep, told, summary)
         else:
@@ -115,9 +115,9 @@ def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
 def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec | None) -> None:
     """The points of one target not yet done; a local server is started for them and stopped after."""
     config = sweep.config
-    if config.goodput_search:
+    if config.load.goodput_search:
         # Probes depend on the results of the earlier ones: a resumed search replays those it has.
-        with serving(config, sweep.run, server_name, spec) as target:
+        with serving(config.target, config.load, sweep.run, server_name, spec) as target:
             for found in run_searches(sweep, target, server_name, spec):
                 if isinstance(found, SearchAnswer):
                     sweep.settings.setdefault("search", []).append(found.entry)
@@ -133,7 +133,7 @@ def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec |
     ]
     if not todo:
         return
-    with serving(config, sweep.run, server_name, spec) as target:
+    with serving(config.target, config.load, sweep.run, server_name, spec) as target:
         for index, entry in todo:
             if skipped(sweep, told, server_name, entry.cell):
                 continue
@@ -146,7 +146,7 @@ def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec |
 def skipped(sweep: Sweep, told: Notices, server_name: str, cell: Cell) -> bool:
     """With --stop-on-saturation, whether a lower load of the cell's series saturated (stop_on_saturation.py):
     the point is then not run, and the run's settings (`skipped`) and `on_point_skipped` say why."""
-    reason = skip_reason(sweep.points, server_name, cell) if sweep.config.stop_on_saturation else None
+    reason = skip_reason(sweep.points, server_name, cell) if sweep.config.load.stop_on_saturation else None
     if reason is None:
         return False
     key = point_key(server_name, *cell)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from llmopt.bench.settings import WorkloadSettings
 from llmopt.bench.workload.agent import agent_conversations
 from llmopt.bench.workload.bench_request import BenchRequest
 from llmopt.bench.workload.conversation import Conversation
@@ -18,7 +19,6 @@ from llmopt.bench.workload.file import file_prompts
 from llmopt.bench.workload.multi_turn import multi_turn_conversations
 from llmopt.bench.workload.random import random_prompts
 from llmopt.bench.workload.replay import replay_prompts
-from llmopt.bench.workload.settings import WorkloadSettings
 from llmopt.bench.workload.shared_prefix import shared_prefix_prompts
 from llmopt.bench.workload.text import corpus_token_ids, count_tokens, text_of_length
 from llmopt.bench.workload.trace import read_trace
@@ -81,16 +81,14 @@ REPEATING_WORKLOADS = ("file", "conversations")
 
 
 def make_requests(
-    config: WorkloadSettings, tokenizer, prompt_len: int, output_len: int, seed: int, num: int | None = None
+    config: WorkloadSettings, tokenizer, prompt_len: int, output_len: int, seed: int, num: int
 ) -> list[BenchRequest]:
-    """`num` requests (default: the config's count) of the config's workload."""
-    return BUILDERS[config.workload](
-        config, tokenizer, num or config.num_requests, prompt_len, output_len, seed
-    )
+    """`num` requests of the config's workload."""
+    return BUILDERS[config.kind](config, tokenizer, num, prompt_len, output_len, seed)
 
 
 def make_conversations(
     config: WorkloadSettings, tokenizer, turn_len: int, output_len: int, seed: int, num: int
 ) -> list[Conversation]:
     """`num` sessions of the config's multi-turn workload (a file's: every one it holds)."""
-    return SESSION_BUILDERS[config.workload](config, tokenizer, num, turn_len, output_len, seed)
+    return SESSION_BUILDERS[config.kind](config, tokenizer, num, turn_len, output_len, seed)

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from llmopt.files import jsonl_records
 
-MOONCAKE_BLOCK_SIZE = 512
-
 
 @dataclass
 class TraceEntry:

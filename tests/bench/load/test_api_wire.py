@@ -148,7 +148,7 @@ def tokenizer(tokenizer_dir):
 
 
 def agent_config(endpoint: str, api: str) -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.from_settings(
         endpoint=endpoint,
         api=api,
         workload="agent",

@@ -62,7 +62,7 @@ def test_max_seconds_stops_sending(openai_endpoint):
 
 @pytest.mark.slow
 def test_no_measured_request_shares_a_prompt_with_the_warm_up(openai_endpoint, tokenizer_dir, tmp_path):
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         api="completions",
         prompt_lens=[16],

@@ -22,7 +22,7 @@ def tokenizer(tokenizer_dir):
 
 def config_for(endpoint: str, **kw) -> BenchConfig:
     settings = {"prompt_lens": [8], "output_lens": [3], "num_requests": 2, "warmup": 0}
-    return BenchConfig(endpoint=endpoint, **{**settings, **kw})
+    return BenchConfig.from_settings(endpoint=endpoint, **{**settings, **kw})
 
 
 @pytest.mark.slow
@@ -56,9 +56,9 @@ def test_the_timeout_is_a_flag_and_a_recipe_key(tmp_path, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     path = tmp_path / "r.toml"
     path.write_text("[target]\nendpoint = 'http://127.0.0.1:1/v1'\n[load]\nrequest_timeout = 30\n")
-    assert load_recipe(path).request_timeout == 30
-    assert BenchConfig().request_timeout == 600
+    assert load_recipe(path).load.request_timeout == 30
+    assert BenchConfig().load.request_timeout == 600
     options = settings_from_options(bench_options("--recipe", str(path), "--request-timeout", "2.5"))
-    assert with_overrides(load_recipe(path), options).request_timeout == 2.5
+    assert with_overrides(load_recipe(path), options).load.request_timeout == 2.5
     with pytest.raises(BenchError, match="--request-timeout must be a positive"):
         config_for("http://127.0.0.1:1/v1", request_timeout=0).validate()

@@ -85,7 +85,7 @@ def test_every_point_measures_its_client(openai_endpoint):
 def test_the_summaries_carry_the_self_check(openai_endpoint, tokenizer_dir, tmp_path):
     # Answers that take 40 ms: the watcher wakes every 10 ms, so a point of instant answers may end first.
     openai_endpoint.replies.extend(stall(gap_s=0.02, chunks=2, then_stop=False) for _ in range(4))
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         api="completions",
         prompt_lens=[8],

@@ -45,7 +45,7 @@ def sessions_config(endpoint: str, **kw) -> BenchConfig:
         "num_requests": 12,  # 4 sessions of 3 turns
         "warmup": 0,
     }
-    return BenchConfig(endpoint=endpoint, **{**settings, **kw})
+    return BenchConfig.from_settings(endpoint=endpoint, **{**settings, **kw})
 
 
 def bodies(endpoint) -> list[dict]:
@@ -130,7 +130,7 @@ def test_a_session_rate_starts_sessions_at_that_rate(openai_endpoint, tokenizer,
     config = sessions_config(
         openai_endpoint.url, sessions=[], request_rates=[20.0], arrival="constant", turns=1
     )
-    config.num_requests = 4
+    config.load.num_requests = 4
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
     assert point["load"] == "session-rate=20/s" and point["session_rate"] == 20.0
     starts = sorted(r["start"] for r in RunDir(tmp_path / "r").read_records())
@@ -202,7 +202,7 @@ def test_bad_session_settings_are_refused(settings, message):
 
 def test_sessions_are_refused_for_a_single_request_workload():
     with pytest.raises(BenchError, match="--sessions is for the multi-turn, agent, conversations workloads"):
-        BenchConfig(endpoint="http://127.0.0.1:1/v1", sessions=[2]).validate()
+        BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", sessions=[2]).validate()
 
 
 def test_a_recipe_and_the_flags_set_the_session_and_traffic_settings(tmp_path):
@@ -218,9 +218,19 @@ def test_a_recipe_and_the_flags_set_the_session_and_traffic_settings(tmp_path):
         "burstiness = 0.5\nramp_up = 3\n"
     )
     config = load_recipe(path)
-    assert (config.workload, config.prompt_lens, config.turns, config.system_len) == ("agent", [32], 3, 64)
-    assert (config.sessions, config.think_time, config.streams) == ([2], 0.5, [True, False])
-    assert (config.reset_prefix_cache, config.burstiness, config.ramp_up, config.prompt_len_spread) == (
+    assert (
+        config.workload.kind,
+        config.workload.prompt_lens,
+        config.workload.turns,
+        config.workload.system_len,
+    ) == ("agent", [32], 3, 64)
+    assert (config.load.sessions, config.load.think_time, config.load.streams) == ([2], 0.5, [True, False])
+    assert (
+        config.load.reset_prefix_cache,
+        config.load.burstiness,
+        config.load.ramp_up,
+        config.workload.prompt_len_spread,
+    ) == (
         False,
         0.5,
         3,

@@ -66,12 +66,12 @@ def test_the_setting_comes_from_a_recipe_or_the_flag(tmp_path, monkeypatch):
     flagged = with_overrides(
         load_recipe(recipe), settings_from_options(bench_options("--stop-on-saturation"))
     )
-    assert flagged.stop_on_saturation and all(p.stop_on_saturation for p in flagged.load_points())
+    assert flagged.load.stop_on_saturation and all(p.stop_on_saturation for p in flagged.load_points())
     recipe.write_text(recipe.read_text() + "stop_on_saturation = true\n")
     config = load_recipe(recipe)
-    assert config.stop_on_saturation and all(p.stop_on_saturation for p in config.load_points())
+    assert config.load.stop_on_saturation and all(p.stop_on_saturation for p in config.load_points())
     unset = with_overrides(config, settings_from_options(bench_options("--no-stop-on-saturation")))
-    assert not unset.stop_on_saturation
+    assert not unset.load.stop_on_saturation
 
 
 @pytest.mark.slow  # real-time arrivals against a stub that serves 20 requests per second
@@ -79,7 +79,7 @@ def test_a_sweep_stops_its_saturated_point_and_skips_the_higher_load(
     openai_endpoint, tokenizer_dir, tmp_path
 ):
     openai_endpoint.capacity = Capacity(slots=2, service_s=0.1)
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         api="completions",
         prompt_lens=[16],

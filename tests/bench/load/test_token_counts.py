@@ -77,7 +77,7 @@ def test_without_usage_or_tokenize_counts_are_local_and_tokenize_is_asked_no_mor
 
 def test_a_run_records_its_token_source(openai_endpoint, tokenizer_dir, tmp_path):
     openai_endpoint.usage, openai_endpoint.tokenize = False, True
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url, prompt_lens=[8], output_lens=[2], num_requests=2, warmup=0
     )
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))

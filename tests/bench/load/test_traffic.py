@@ -98,7 +98,7 @@ def test_a_non_streamed_answer_is_timed_whole(openai_endpoint):
 
 
 def test_streaming_on_and_off_is_a_sweep_axis(openai_endpoint, tokenizer, tmp_path):
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         prompt_lens=[8],
         output_lens=[3],
@@ -128,4 +128,6 @@ def test_streaming_on_and_off_is_a_sweep_axis(openai_endpoint, tokenizer, tmp_pa
 )
 def test_bad_traffic_settings_are_refused(settings, message):
     with pytest.raises(BenchError, match=message):
-        BenchConfig(endpoint="http://127.0.0.1:1/v1", request_rates=[1.0], **settings).validate()
+        BenchConfig.from_settings(
+            endpoint="http://127.0.0.1:1/v1", request_rates=[1.0], **settings
+        ).validate()

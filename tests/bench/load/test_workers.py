@@ -156,7 +156,7 @@ def test_the_error_rate_stop_reaches_every_worker(counting_stub):
 def test_a_sweep_with_workers_summarizes_the_merged_records_as_one_process(
     counting_stub, tokenizer_dir, tmp_path
 ):
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=counting_stub.url,
         model="stub",
         api="completions",
@@ -185,11 +185,11 @@ def test_workers_come_from_a_recipe_or_the_command_line(tmp_path):
     )
     config = load_recipe(recipe)
     config.validate()
-    assert config.workers == 2 and [p.workers for p in config.load_points()] == [2]
+    assert config.load.workers == 2 and [p.workers for p in config.load_points()] == [2]
     overridden = with_overrides(config, settings_from_options({**cli_defaults(), "workers": 4}))
     assert [p.workers for p in overridden.load_points()] == [4]
     with pytest.raises(BenchError, match="--workers must be >= 1"):
-        BenchConfig(endpoint="http://x/v1", workers=0).validate()
+        BenchConfig.from_settings(endpoint="http://x/v1", workers=0).validate()
 
 
 def cli_defaults() -> dict:

@@ -67,7 +67,7 @@ def test_every_point_gets_them_in_its_summary_and_csv(openai_endpoint, tokenizer
         return f"process_cpu_seconds_total {0.5 * len(scrapes)}\n"
 
     openai_endpoint.metrics = page
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         prompt_lens=[8],
         output_lens=[5],
@@ -113,7 +113,7 @@ def test_a_started_servers_cpu_comes_from_its_process_tree_round_after_round(
     seconds of each round's run, pooled."""
     monkeypatch.setattr(server_lifecycle, "LocalServer", StartedHere)
     monkeypatch.setattr(StartedHere, "url", openai_endpoint.url.removesuffix("/v1"))
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         servers=[ServerSpec("here")],
         model="scripted",
         prompt_lens=[8],

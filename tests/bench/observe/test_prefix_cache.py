@@ -25,7 +25,7 @@ def file_config(endpoint: str, path, **kw) -> BenchConfig:
         "num_requests": 2,
         "warmup": 0,
     }
-    return BenchConfig(endpoint=endpoint, api_key="k", **{**settings, **kw})
+    return BenchConfig.from_settings(endpoint=endpoint, api_key="k", **{**settings, **kw})
 
 
 @pytest.fixture
@@ -69,7 +69,9 @@ def test_no_reset_when_told_not_to_and_the_warm_up_of_a_file_is_warned_about(
 
 @pytest.mark.slow
 def test_synthetic_workloads_need_no_warning(openai_endpoint, tokenizer, tmp_path):
-    config = BenchConfig(endpoint=openai_endpoint.url, prompt_lens=[8], output_lens=[2], concurrencies=[1, 2])
-    config.num_requests = 2
+    config = BenchConfig.from_settings(
+        endpoint=openai_endpoint.url, prompt_lens=[8], output_lens=[2], concurrencies=[1, 2]
+    )
+    config.load.num_requests = 2
     points = run_sweep(config, tmp_path / "r", False, tokenizer)
     assert [p["warnings"] for p in points] == [[], []]  # fresh prompts at every point, and for its warm-up

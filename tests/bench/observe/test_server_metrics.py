@@ -56,7 +56,9 @@ def tokenizer(tokenizer_dir):
 def rate_config(endpoint: str, **kw) -> BenchConfig:
     """Ten requests at 20/s, evenly spaced: a point of about half a second."""
     settings = {"request_rates": [20.0], "arrival": "constant", "num_requests": 10, "metrics_interval": 0.05}
-    return BenchConfig(endpoint=endpoint, prompt_lens=[8], output_lens=[3], warmup=0, **{**settings, **kw})
+    return BenchConfig.from_settings(
+        endpoint=endpoint, prompt_lens=[8], output_lens=[3], warmup=0, **{**settings, **kw}
+    )
 
 
 def test_read_sample_takes_llmopt_names_then_vllms():
@@ -150,7 +152,7 @@ def test_resume_keeps_only_the_samples_of_finished_points(tmp_path):
 @pytest.mark.slow
 def test_a_bad_interval_is_refused():
     with pytest.raises(BenchError, match="--metrics-interval"):
-        BenchConfig(endpoint="http://127.0.0.1:1/v1", metrics_interval=-1).validate()
+        BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", metrics_interval=-1).validate()
     result = subprocess.run(
         [
             sys.executable,

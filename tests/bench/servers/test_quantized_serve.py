@@ -217,10 +217,10 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / cache_key(parse_quantize(table), None)).symlink_to(int8_dir)
     spec = ServerSpec("int8", args={"max-num-seqs": 2}, quantize=table)
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         servers=[spec], prompt_lens=[8], output_lens=[4], concurrencies=[1], num_requests=2, warmup=0
     )
-    config.quantized_cache = str(tmp_path / "cache")
+    config.target.quantized_cache = str(tmp_path / "cache")
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
     assert point["successful"] == 2 and point["output_tokens"] == 8
     record = RunDir(tmp_path / "run").read_summary()["settings"]["quantization"]["int8"]

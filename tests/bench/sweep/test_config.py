@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import typer
 
@@ -11,7 +14,7 @@ from llmopt.bench.sweep.recipe import load_recipe
 
 
 def endpoint_config(**kw) -> BenchConfig:
-    return BenchConfig(endpoint="http://127.0.0.1:1/v1", **kw)
+    return BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", **kw)
 
 
 @pytest.mark.parametrize(
@@ -36,9 +39,9 @@ def test_validate_refuses_what_cannot_run(config, message):
 
 
 def test_validate_accepts_local_servers_instead_of_an_endpoint_and_defaults_to_concurrency_one():
-    config = BenchConfig(servers=[ServerSpec("a")])
+    config = BenchConfig.from_settings(servers=[ServerSpec("a")])
     config.validate()
-    assert config.concurrencies == [1]
+    assert config.load.concurrencies == [1]
     assert [p.label for p in config.load_points()] == ["concurrency=1"]
 
 
@@ -121,27 +124,39 @@ def recipe(tmp_path) -> BenchConfig:
 
 def test_flags_override_a_recipe_even_when_they_equal_the_defaults(recipe):
     config = with_overrides(recipe, {"api": "chat", "arrival": "poisson"})
-    assert (config.api, config.arrival) == ("chat", "poisson")
-    assert config.num_requests == 10 and config.request_rates == [2, 4]  # the rest of the recipe stays
+    assert (config.target.api, config.load.arrival) == ("chat", "poisson")
+    assert config.load.num_requests == 10 and config.load.request_rates == [
+        2,
+        4,
+    ]  # the rest of the recipe stays
 
 
 def test_recipe_values_stay_when_the_flags_are_absent(recipe):
     absent = {"api": None, "arrival": None, "num_requests": None, "prompt_lens": None, "model": None}
     config = with_overrides(recipe, absent)
-    assert (config.api, config.arrival, config.num_requests, config.prompt_lens) == (
+    assert (
+        config.target.api,
+        config.load.arrival,
+        config.load.num_requests,
+        config.workload.prompt_lens,
+    ) == (
         "completions",
         "constant",
         10,
         [64],
     )
-    assert recipe.api == "completions" and with_overrides(recipe, {"api": "chat"}) is not recipe
+    assert recipe.target.api == "completions" and with_overrides(recipe, {"api": "chat"}) is not recipe
 
 
 def test_an_endpoint_flag_replaces_the_recipes_local_servers():
-    config = BenchConfig(servers=[ServerSpec("a"), ServerSpec("b")], num_requests=5)
+    config = BenchConfig.from_settings(servers=[ServerSpec("a"), ServerSpec("b")], num_requests=5)
     assert with_overrides(config, {"endpoint": None}).servers == config.servers
     moved = with_overrides(config, {"endpoint": "http://elsewhere/v1"})
-    assert moved.servers == [] and moved.endpoint == "http://elsewhere/v1" and moved.num_requests == 5
+    assert (
+        moved.servers == []
+        and moved.target.endpoint == "http://elsewhere/v1"
+        and moved.load.num_requests == 5
+    )
 
 
 def test_an_override_that_is_no_setting_is_refused():
@@ -168,7 +183,12 @@ def test_the_command_line_overrides_a_recipe_only_with_the_flags_given(tmp_path,
         "--recipe", str(path), "--api", "chat", "--arrival", "poisson", "--prompt-len", "8,16"
     )
     config = with_overrides(load_recipe(path), settings_from_options(given))
-    assert (config.api, config.arrival, config.prompt_lens, config.num_requests) == (
+    assert (
+        config.target.api,
+        config.load.arrival,
+        config.workload.prompt_lens,
+        config.load.num_requests,
+    ) == (
         "chat",
         "poisson",
         [8, 16],
@@ -176,13 +196,22 @@ def test_the_command_line_overrides_a_recipe_only_with_the_flags_given(tmp_path,
     )
 
     absent = with_overrides(load_recipe(path), settings_from_options(bench_options("--recipe", str(path))))
-    assert (absent.api, absent.arrival, absent.prompt_lens, absent.request_rates) == (
+    assert (
+        absent.target.api,
+        absent.load.arrival,
+        absent.workload.prompt_lens,
+        absent.load.request_rates,
+    ) == (
         "completions",
         "constant",
         [64],
         [2, 4],
     )
-    assert absent.percentiles == (50, 90, 99) and absent.ignore_eos is True and absent.seed == 0
+    assert (
+        absent.load.percentiles == (50, 90, 99)
+        and absent.target.ignore_eos is True
+        and absent.workload.seed == 0
+    )
 
     bare = with_overrides(BenchConfig(), settings_from_options(bench_options()))
     assert bare == BenchConfig()  # with no recipe and no flags, BenchConfig's defaults are the defaults
@@ -191,10 +220,22 @@ def test_the_command_line_overrides_a_recipe_only_with_the_flags_given(tmp_path,
 @pytest.mark.parametrize("name", ["../x", "a/b", "a\\b", "..", "x\0y", "a:b"])
 def test_validate_refuses_a_server_name_that_is_no_safe_file_name(name):
     with pytest.raises(BenchError, match=r"server name .*: server names may use letters, digits"):
-        BenchConfig(servers=[ServerSpec("ok"), ServerSpec(name)]).validate()
+        BenchConfig.from_settings(servers=[ServerSpec("ok"), ServerSpec(name)]).validate()
 
 
 def test_validate_refuses_two_servers_of_one_name():
     with pytest.raises(BenchError, match="server names must differ"):
-        BenchConfig(servers=[ServerSpec("a"), ServerSpec("a", args={"max-num-seqs": 2})]).validate()
-    BenchConfig(servers=[ServerSpec("a.1"), ServerSpec("A_2-b")]).validate()
+        BenchConfig.from_settings(
+            servers=[ServerSpec("a"), ServerSpec("a", args={"max-num-seqs": 2})]
+        ).validate()
+    BenchConfig.from_settings(servers=[ServerSpec("a.1"), ServerSpec("A_2-b")]).validate()
+
+
+def test_a_config_records_its_settings_as_the_recorded_run_has_them():
+    """The tables nest the settings; a run still records them as one flat list, in the order and with
+    the bytes of a run recorded before (tests/bench/data/recorded_run)."""
+    summary = Path(__file__).parents[1] / "data" / "recorded_run" / "summary.json"
+    stored = json.loads(summary.read_text())["settings"]["config"]
+    config = BenchConfig.from_settings(**{**stored, "percentiles": tuple(stored["percentiles"])})
+    assert json.dumps(config.recorded(), indent=2) == json.dumps(stored, indent=2)
+    assert "api_key" not in config.replaced({"api_key": "secret"}).recorded()

@@ -27,7 +27,7 @@ def tokenizer(tokenizer_dir):
 
 def habits_config(endpoint: str, *habits: Habit, **kw) -> BenchConfig:
     settings = {"prompt_lens": [20], "output_lens": [2], "request_rates": [50.0], "num_requests": 6}
-    return BenchConfig(endpoint=endpoint, warmup=0, habits=list(habits), **{**settings, **kw})
+    return BenchConfig.from_settings(endpoint=endpoint, warmup=0, habits=list(habits), **{**settings, **kw})
 
 
 def test_the_recipe_runs_one_baseline_and_one_point_per_habit():

@@ -26,20 +26,30 @@ def test_every_shipped_recipe_is_a_valid_config(path):
     config.validate()
     assert config.recipe == str(path)
     assert config.servers and all(s.name and s.args for s in config.servers)
-    assert (config.concurrencies or config.sessions or config.request_rates) and config.load_points()
-    assert all(isinstance(n, int) for n in config.prompt_lens + config.output_lens)
+    assert (
+        config.load.concurrencies or config.load.sessions or config.load.request_rates
+    ) and config.load_points()
+    assert all(isinstance(n, int) for n in config.workload.prompt_lens + config.workload.output_lens)
 
 
 def test_recipe_values_land_in_their_fields():
     spec = load_recipe(next(p for p in RECIPES if p.stem == "speculative"))
     assert [s.name for s in spec.servers] == ["spec-off", "ngram-k3", "ngram-k5"]
     assert spec.servers[1].args["speculative-config"] == {"method": "ngram", "num_speculative_tokens": 3}
-    assert (spec.workload, spec.prompt_lens, spec.output_lens) == ("copy", [128], [128])
-    assert (spec.concurrencies, spec.num_requests, spec.warmup) == ([1, 4], 8, 1)
+    assert (spec.workload.kind, spec.workload.prompt_lens, spec.workload.output_lens) == (
+        "copy",
+        [128],
+        [128],
+    )
+    assert (spec.load.concurrencies, spec.load.num_requests, spec.load.warmup) == ([1, 4], 8, 1)
     prefix = load_recipe(next(p for p in RECIPES if p.stem == "prefix-caching"))
-    assert (prefix.workload, prefix.prefix_len, prefix.num_prefixes) == ("shared-prefix", 512, 2)
+    assert (prefix.workload.kind, prefix.workload.prefix_len, prefix.workload.num_prefixes) == (
+        "shared-prefix",
+        512,
+        2,
+    )
     quick = load_recipe(next(p for p in RECIPES if p.stem == "quick"))
-    assert quick.slo == "ttft=1000ms,tpot=150ms"
+    assert quick.load.slo == "ttft=1000ms,tpot=150ms"
 
 
 def test_a_scalar_is_a_one_point_axis_and_omitted_keys_keep_the_defaults(tmp_path):
@@ -48,14 +58,20 @@ def test_a_scalar_is_a_one_point_axis_and_omitted_keys_keep_the_defaults(tmp_pat
         '[target]\nendpoint = "http://x/v1"\n[workload]\nprompt_len = 32\n[load]\nrequest_rate = 2\n'
     )
     config = load_recipe(path)
-    assert (config.prompt_lens, config.request_rates) == ([32], [2])
+    assert (config.workload.prompt_lens, config.load.request_rates) == ([32], [2])
     defaults = BenchConfig()
-    assert (config.output_lens, config.api, config.arrival, config.num_requests, config.warmup) == (
-        defaults.output_lens,
-        defaults.api,
-        defaults.arrival,
-        defaults.num_requests,
-        defaults.warmup,
+    assert (
+        config.workload.output_lens,
+        config.target.api,
+        config.load.arrival,
+        config.load.num_requests,
+        config.load.warmup,
+    ) == (
+        defaults.workload.output_lens,
+        defaults.target.api,
+        defaults.load.arrival,
+        defaults.load.num_requests,
+        defaults.load.warmup,
     )
 
 

@@ -47,7 +47,7 @@ def test_repeat_stats_cover_the_headline_metrics_every_run_has():
 
 @pytest.mark.slow
 def test_a_point_runs_num_runs_times_with_fresh_prompts(openai_endpoint, tokenizer, tmp_path):
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         prompt_lens=[8],
         output_lens=[3],
@@ -72,7 +72,7 @@ def test_a_point_runs_num_runs_times_with_fresh_prompts(openai_endpoint, tokeniz
 
 @pytest.mark.slow
 def test_a_repeated_multi_turn_point_numbers_its_sessions_apart(openai_endpoint, tokenizer, tmp_path):
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         workload="multi-turn",
         sessions=[2],
@@ -91,4 +91,4 @@ def test_a_repeated_multi_turn_point_numbers_its_sessions_apart(openai_endpoint,
 
 def test_num_runs_must_be_at_least_one():
     with pytest.raises(BenchError, match="--num-runs must be >= 1"):
-        BenchConfig(endpoint="http://127.0.0.1:1/v1", num_runs=0).validate()
+        BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", num_runs=0).validate()

@@ -4,7 +4,6 @@ keeps the rounds it finished. A stand-in for LocalServer serves every config fro
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -64,7 +63,7 @@ def servers(openai_endpoint, monkeypatch) -> Endpoint:
 def two_configs(**kw) -> BenchConfig:
     settings = {"prompt_lens": [8], "output_lens": [3], "concurrencies": [1], "num_requests": 2, "warmup": 0}
     specs = [ServerSpec("a", args={"max-num-seqs": 2}), ServerSpec("b", args={"max-num-seqs": 4})]
-    return BenchConfig(servers=specs, model="scripted", slo="ttft=5s", **{**settings, **kw})
+    return BenchConfig.from_settings(servers=specs, model="scripted", slo="ttft=5s", **{**settings, **kw})
 
 
 def bodies_per_start(endpoint: Endpoint) -> list[tuple[str, list[str]]]:
@@ -157,7 +156,7 @@ def test_rounds_are_read_from_a_recipe_and_checked(tmp_path):
     path = tmp_path / "r.toml"
     path.write_text("[[serve]]\nname = 'a'\n[workload]\nkind = 'agent'\ntools = 'text'\n[load]\nrounds = 3\n")
     config = load_recipe(path)
-    assert (config.rounds, config.agent_tools) == (3, "text")
+    assert (config.load.rounds, config.workload.agent_tools) == (3, "text")
     config.validate()
     for change, said in [
         ({"rounds": 0}, "rounds must be >= 1"),
@@ -165,14 +164,18 @@ def test_rounds_are_read_from_a_recipe_and_checked(tmp_path):
         ({"agent_tools": "json"}, "the agent workload's tools are 'api'"),
     ]:
         with pytest.raises(BenchError, match=said):
-            dataclasses.replace(config, **change).validate()
+            config.replaced(change).validate()
 
 
 def test_the_engine_recipes_take_turns_and_send_every_engine_the_same_agent_requests():
     recipes = Path(__file__).resolve().parents[3] / "recipes"
     engines, agent = load_recipe(recipes / "engines.toml"), load_recipe(recipes / "engines-agent.toml")
-    assert engines.rounds == agent.rounds == 2
-    assert (agent.workload, agent.agent_tools, agent.ignore_eos) == ("agent", "text", True)
+    assert engines.load.rounds == agent.load.rounds == 2
+    assert (agent.workload.kind, agent.workload.agent_tools, agent.target.ignore_eos) == (
+        "agent",
+        "text",
+        True,
+    )
 
 
 def test_rounds_is_a_bench_flag_over_the_recipes():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -47,7 +46,7 @@ def tokenizer(tokenizer_dir):
 
 def config_for(endpoint: str, **kw) -> BenchConfig:
     settings = {"prompt_lens": [8, 12], "output_lens": [3], "concurrencies": [1, 2], "num_requests": 2}
-    return BenchConfig(endpoint=endpoint, warmup=1, slo="ttft=5s", **{**settings, **kw})
+    return BenchConfig.from_settings(endpoint=endpoint, warmup=1, slo="ttft=5s", **{**settings, **kw})
 
 
 @pytest.mark.slow
@@ -107,7 +106,7 @@ def test_resume_runs_only_the_points_not_done(openai_endpoint, tokenizer, tmp_pa
 
 
 def test_a_point_key_names_server_lengths_and_load():
-    [point] = BenchConfig(request_rates=[2.5]).load_points()
+    [point] = BenchConfig.from_settings(request_rates=[2.5]).load_points()
     assert point_key("batch-4", 128, 64, point) == "batch-4|prompt=128|output=64|rate=2.5/s"
 
 
@@ -118,15 +117,15 @@ def test_resume_refuses_a_run_with_other_settings(openai_endpoint, tokenizer, tm
     before = (run.summary.read_text(), run.records.read_text(), len(openai_endpoint.seen))
 
     with pytest.raises(BenchError, match=r"^cannot resume: workload was 'random', now 'copy' \("):
-        run_sweep(dataclasses.replace(config, workload="copy"), run.path, True, tokenizer)
-    changed = dataclasses.replace(config, seed=3, output_lens=[4], api="completions", model="other")
+        run_sweep(config.replaced(dict(workload="copy")), run.path, True, tokenizer)
+    changed = config.replaced(dict(seed=3, output_lens=[4], api="completions", model="other"))
     with pytest.raises(BenchError) as refused:
         run_sweep(changed, run.path, True, tokenizer)
     message = str(refused.value)
     for difference in ("seed was 0, now 3", "output_lens was [3], now [4]", "model was None, now 'other'"):
         assert difference in message
     assert "api was 'chat', now 'completions'" in message
-    moved = dataclasses.replace(config, endpoint="http://127.0.0.1:1/v1", concurrencies=[1, 2])
+    moved = config.replaced(dict(endpoint="http://127.0.0.1:1/v1", concurrencies=[1, 2]))
     with pytest.raises(BenchError, match="endpoint was .*; concurrencies was \\[1\\], now \\[1, 2\\]"):
         run_sweep(moved, run.path, True, tokenizer)
     # A refused resume changes nothing and sends nothing.
@@ -136,7 +135,7 @@ def test_resume_refuses_a_run_with_other_settings(openai_endpoint, tokenizer, tm
 def test_resume_ignores_settings_that_do_not_change_a_points_numbers(openai_endpoint, tokenizer, tmp_path):
     config = config_for(openai_endpoint.url, concurrencies=[1], prompt_lens=[8])
     run_sweep(config, tmp_path / "r", False, tokenizer)
-    same = dataclasses.replace(config, request_timeout=5.0, api_key="another", recipe="elsewhere.toml")
+    same = config.replaced(dict(request_timeout=5.0, api_key="another", recipe="elsewhere.toml"))
     assert len(run_sweep(same, tmp_path / "r", True, tokenizer)) == 1
 
 
@@ -147,4 +146,4 @@ def test_resume_of_a_run_recorded_without_a_setting_does_not_compare_it(openai_e
     summary = run.read_summary()
     del summary["settings"]["config"]["ignore_eos"]  # as a bench before that setting wrote it
     run.write_summaries(summary["points"], summary["settings"])
-    assert len(run_sweep(dataclasses.replace(config, ignore_eos=False), run.path, True, tokenizer)) == 1
+    assert len(run_sweep(config.replaced(dict(ignore_eos=False)), run.path, True, tokenizer)) == 1

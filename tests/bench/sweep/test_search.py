@@ -79,7 +79,7 @@ def tokenizer(tokenizer_dir):
 
 
 def search_config(endpoint: str) -> BenchConfig:
-    return BenchConfig(
+    return BenchConfig.from_settings(
         endpoint=endpoint,
         prompt_lens=[8],
         output_lens=[2],
@@ -114,8 +114,8 @@ def test_the_search_finds_the_load_where_latency_rises(openai_endpoint, tokenize
 
 def test_a_search_needs_one_starting_point_and_slos():
     config = search_config("http://127.0.0.1:1/v1")
-    config.concurrencies = [1, 2]
+    config.load.concurrencies = [1, 2]
     with pytest.raises(BenchError, match="starts from one load point"):
         config.validate()
     with pytest.raises(BenchError, match="--goodput-search: bad SLO"):
-        BenchConfig(endpoint="http://127.0.0.1:1/v1", goodput_search="speed=fast").validate()
+        BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", goodput_search="speed=fast").validate()

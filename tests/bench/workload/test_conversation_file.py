@@ -89,10 +89,10 @@ def test_a_bad_entry_is_an_error_naming_its_line(tokenizer, tmp_path, text, wher
 def test_every_turn_of_a_file_conversation_is_sent(openai_endpoint, tokenizer, tmp_path):
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(SHAREGPT))
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url, workload="conversations", dataset=str(path), sessions=[2], warmup=0
     )
-    config.num_requests = 4
+    config.load.num_requests = 4
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
     assert point["successful"] == 4 and point["conversations"]["completed"] == 2
     sent = sorted((body["messages"] for _, body in openai_endpoint.seen), key=len)

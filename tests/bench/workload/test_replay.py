@@ -66,7 +66,7 @@ def test_a_bad_line_is_an_error_naming_the_file_and_line(tmp_path, bad, says):
     path = write_trace(tmp_path / "trace.jsonl", [line(0), "", line(100), bad])
     with pytest.raises(ValueError, match=f"trace.jsonl:4: .*{says}"):
         read_trace(path)
-    config = BenchConfig(endpoint="http://127.0.0.1:1/v1", workload="replay", trace=str(path))
+    config = BenchConfig.from_settings(endpoint="http://127.0.0.1:1/v1", workload="replay", trace=str(path))
     with pytest.raises(BenchError, match=f"trace.jsonl:4: .*{says}"):
         config.validate()  # before any server starts
 
@@ -82,13 +82,15 @@ def test_the_cli_names_the_bad_line_without_a_traceback(tmp_path):
 def test_replay_settings_are_checked():
     base = {"endpoint": "http://127.0.0.1:1/v1"}
     with pytest.raises(BenchError, match="needs --trace"):
-        BenchConfig(**base, workload="replay").validate()
+        BenchConfig.from_settings(**base, workload="replay").validate()
     with pytest.raises(BenchError, match="not --concurrency"):
-        BenchConfig(**base, workload="replay", trace=str(SAMPLE), concurrencies=[2]).validate()
+        BenchConfig.from_settings(**base, workload="replay", trace=str(SAMPLE), concurrencies=[2]).validate()
     with pytest.raises(BenchError, match="for the replay workload"):
-        BenchConfig(**base, replay_speeds=[2.0]).validate()
+        BenchConfig.from_settings(**base, replay_speeds=[2.0]).validate()
     with pytest.raises(BenchError, match="--replay-speed must be positive"):
-        BenchConfig(**base, workload="replay", trace=str(SAMPLE), replay_speeds=[0.0]).validate()
+        BenchConfig.from_settings(
+            **base, workload="replay", trace=str(SAMPLE), replay_speeds=[0.0]
+        ).validate()
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -124,7 +126,7 @@ def test_requests_are_sent_at_the_traces_times_scaled_by_the_speed(openai_endpoi
         tmp_path / "trace.jsonl",
         [line(1000 + t, 8, n, [0, i]) for i, (t, n) in enumerate(zip(offsets_ms, [1, 2, 3, 4, 5, 6]))],
     )
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint=openai_endpoint.url,
         api="completions",
         workload="replay",
@@ -157,7 +159,7 @@ def test_a_recipe_replays_a_trace_at_several_speeds(tmp_path):
     )
     config = load_recipe(recipe)
     config.validate()
-    assert (config.trace_block_size, config.replay_speeds) == (64, [1, 2.5])
+    assert (config.workload.trace_block_size, config.load.replay_speeds) == (64, [1, 2.5])
     points = config.load_points()
     assert [p.label for p in points] == ["replay-speed=1x", "replay-speed=2.5x"]
     assert points[1].num_requests == 16  # the whole trace, no more
@@ -187,7 +189,7 @@ def test_a_replay_against_the_live_server_counts_what_it_served(server, tmp_path
 
 
 def test_the_goodput_search_varies_the_replay_speed():
-    config = BenchConfig(
+    config = BenchConfig.from_settings(
         endpoint="http://127.0.0.1:1/v1", workload="replay", trace=str(SHIPPED), goodput_search="ttft=1s"
     )
     config.validate()
