@@ -291,6 +291,13 @@ HEADLINES = [
         ratio=ratios_to({"vLLM-CPU": "wall vs vLLM", "llama.cpp": "wall vs llama.cpp"}),
     ),
     Headline(
+        figure="agent loop wall time, Qwen2.5-Coder-1.5B Q4_K_M, llmopt (no flags)",
+        result="agent_loop_qwen2_5-coder-1_5b",
+        where=matching({"subject": "llmopt (no flags)"}),
+        value=lambda rows: f"{rows[0]['wall']}, median turn TTFT {rows[0]['TTFT median']}",
+        ratio=ratios_to({"llama.cpp": "wall vs llama.cpp"}),
+    ),
+    Headline(
         figure="start-up to healthy, bundled 135M, {subject}",
         result="startup",
         where=lambda row: row["subject"].startswith("llmopt"),
