@@ -113,10 +113,10 @@ def llmopt_client(point: Point, workers: int = 1) -> Measured:
     run_client(cmd, "llmopt bench")
     measured = Measured()
     for record in RunDir(point.work / run_name).read_records():
-        if record.get("success"):
-            measured.ttft.append(record["ttft"])
-            measured.itl += record["itl"]
-            measured.e2e.append(record["e2e"])
+        if record.success:
+            measured.ttft.append(record.ttft)
+            measured.itl += record.itl
+            measured.e2e.append(record.e2e)
     return measured
 
 

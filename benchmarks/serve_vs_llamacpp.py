@@ -31,7 +31,7 @@ from harness import MachineLoad, spread
 from rich.console import Console
 from rich.table import Table
 
-from llmopt.bench import BenchConfig, BenchError, RunDir, ServerSpec, load_recipe
+from llmopt.bench import BenchConfig, BenchError, PointSummary, RunDir, ServerSpec, load_recipe
 from llmopt.checkpoints import bundled_gguf_path, load_tokenizer, resolve_model
 from llmopt.cli.bench_run import run_bench
 from results import RESULTS, write_result
@@ -61,7 +61,7 @@ def configs(recipe: BenchConfig, args: argparse.Namespace, f32: Path) -> list[Se
     ]
 
 
-def print_table(points: list[dict], load: MachineLoad, console: Console) -> Table:
+def print_table(points: list[PointSummary], load: MachineLoad, console: Console) -> Table:
     """Per concurrency and server: output tok/s over every round (each round's beside it), latencies,
     the tokens each server said it served from its cache, and tok/s over llmopt fp32's and llama.cpp's."""
     table = Table(title=load.title("streamed chat, every round pooled; rounds: each round's output tok/s"))
@@ -69,22 +69,22 @@ def print_table(points: list[dict], load: MachineLoad, console: Console) -> Tabl
     columns = ["concurrency", "server", "requests", "output tok/s", "rounds", "TTFT p50 ms", "TTFT p90 ms"]
     for col in columns + ["ITL p50 ms", "cached tok", "÷ llmopt fp32", "÷ llama.cpp F32", "÷ llama.cpp Q4_1"]:
         table.add_column(col, justify="right")
-    by = {(p["server"], p["concurrency"]): p for p in points}
-    for c in sorted({p["concurrency"] for p in points}):
-        for p in (p for p in points if p["concurrency"] == c):
-            rounds = p["repeats"]["metrics"]["output_throughput"]["values"]
-            tok_s = p["output_throughput"]
+    by = {(p.server, p.concurrency): p for p in points}
+    for c in sorted({p.concurrency for p in points}):
+        for p in (p for p in points if p.concurrency == c):
+            rounds = p.repeats.metrics["output_throughput"].values
+            tok_s = p.output_throughput
             table.add_row(
                 str(c),
-                p["server"],
-                str(p["successful"]),
+                p.server,
+                str(p.successful),
                 f"{tok_s:.1f}",
                 spread(rounds),
-                f"{p['ttft_ms']['median']:.0f}",
-                f"{p['ttft_ms']['p90']:.0f}",
-                f"{p['itl_ms']['median']:.1f}",
-                str(p["cached_tokens"]),
-                *(f"{tok_s / by[(peer, c)]['output_throughput']:.2f}x" for peer in (FP32, F32, Q4)),
+                f"{p.ttft_ms['median']:.0f}",
+                f"{p.ttft_ms['p90']:.0f}",
+                f"{p.itl_ms['median']:.1f}",
+                str(p.cached_tokens),
+                *(f"{tok_s / by[(peer, c)].output_throughput:.2f}x" for peer in (FP32, F32, Q4)),
             )
     console.print(table)
     return table
@@ -131,7 +131,7 @@ def main() -> None:
     code = run_bench(config, RUN, False, load_tokenizer(resolve_model()), console)
     points = RunDir(RUN).load_summaries()
     table = print_table(points, load, console)
-    out = {"args": vars(args), "run": RUN, "points": points}
+    out = {"args": vars(args), "run": RUN, "points": [p.to_json() for p in points]}
     write_result("serve_vs_llamacpp", {**out, **load.finish(console)}, [table])  # writes Paths as text
     raise SystemExit(code)
 

@@ -8,9 +8,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary, RequestRecord, RunSettings
 from llmopt.bench.slo import parse_slo
 
 
@@ -89,7 +89,7 @@ def write_run(path: Path, points: list[FakePoint], slo: str | None = None) -> Pa
                 }
             )
             summary.update(point.extra or {})
-            summaries.append(summary)
-    settings = {"config": {"slo": slo, "workload": "random", "api": "chat"}, "started": "2026-12-01T12:00:00"}
-    run.write_summaries(summaries, settings)
+            summaries.append(PointSummary.from_json(summary))
+    config = {"slo": slo, "workload": "random", "api": "chat"}
+    run.write_summaries(summaries, RunSettings(config, started="2026-12-01T12:00:00"))
     return path

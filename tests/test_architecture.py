@@ -34,18 +34,22 @@ ALLOWED: dict[str, set[str]] = {
     "gguf_names": set(),  # llama.cpp's tensor names, which the engine's reader and the converter share
     "load_cache": set(),  # what a start builds from a model's files, kept on disk (tokenizer, loaded model)
     "pricing": {"files"},
-    "cost": {"pricing"},  # prices workloads: never a run folder, a server or the engine
+    # prices workloads: a run's records and points as the bench's schema types them, never the run
+    # folder itself, a server or the engine
+    "cost": {"pricing", "bench"},
     "corpus": set(),
     "files": set(),
     "__init__": {"engine"},  # `from llmopt import LLM, SamplingParams`
 }
 # Where a part may import only some modules of another: {part: {other part: the modules it may import}}.
 # The report reads run folders through bench/rundir.py alone, whose file list is the contract between
-# them: nothing else of the bench's insides.
+# them, and their records as bench/schema.py types them: nothing else of the bench's insides. The cost
+# package reads those types alone.
 # engines reads the defaults of the serve options llmopt's engine takes from its EngineConfig, and reads
 # --speculative-config with the engine's own parser (one set of rules and messages for every engine).
 ONLY_THROUGH: dict[str, dict[str, set[str]]] = {
-    "report": {"bench": {"llmopt.bench.rundir"}},
+    "report": {"bench": {"llmopt.bench.rundir", "llmopt.bench.schema"}},
+    "cost": {"bench": {"llmopt.bench.schema"}},
     "engines": {"engine": {"llmopt.engine.config", "llmopt.engine.spec_decode.config"}},
 }
 # The bench's wings (issue #54): what each may import of the others. The data runs recipe -> sweep ->

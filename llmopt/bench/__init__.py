@@ -17,6 +17,8 @@ FACE = {
     "load_recipe": "llmopt.bench.sweep.recipe",
     "run_sweep": "llmopt.bench.sweep.sweep",
     "RunDir": "llmopt.bench.rundir",
+    "PointSummary": "llmopt.bench.schema",
+    "RunSettings": "llmopt.bench.schema",
     # local servers
     "LocalServer": "llmopt.bench.servers.launcher",
     "free_port": "llmopt.bench.servers.launcher",
@@ -33,7 +35,7 @@ FACE = {
     "count_tokens": "llmopt.bench.workload.text",
     "text_of_length": "llmopt.bench.workload.text",
     "LoadPoint": "llmopt.bench.load.load_point",
-    "RequestRecord": "llmopt.bench.load.client",
+    "RequestRecord": "llmopt.bench.schema",
     "Target": "llmopt.bench.load.client",
     "send": "llmopt.bench.load.client",
     "client_session": "llmopt.bench.load.loops",

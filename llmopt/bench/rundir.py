@@ -1,4 +1,5 @@
-"""A bench run's folder: the one place that knows its file names and formats.
+"""A bench run's folder: the one place that knows its file names and formats (what its records hold,
+typed, is schema.py's).
 
     requests.jsonl       one JSON record per finished request, appended as it finishes
     summary.json         {"settings": ..., "points": [point summary, ...]}, rewritten after every point
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import IO
 
 from llmopt.bench.redact import redact_args
+from llmopt.bench.schema import Machine, PointSummary, RequestRecord, RunSettings, RunSummary
 from llmopt.bench.slo import parse_slo
 from llmopt.files import jsonl_records
 
@@ -223,24 +225,24 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         return open(self.records, "a")  # noqa: SIM115 - the caller closes it
 
-    def read_summary(self) -> dict:
-        """summary.json as {"settings": {...}, "points": [...]} (their server figures under today's
-        names); empty when no point has finished."""
+    def read_summary(self) -> RunSummary:
+        """summary.json typed (schema.py), its points' server figures under today's names; empty when
+        no point has finished."""
         if not self.summary.is_file():
-            return {"settings": {}, "points": []}
+            return RunSummary()
         try:
             data = json.loads(self.summary.read_text())
         except json.JSONDecodeError as exc:
             raise ValueError(f"{self.summary}: not JSON ({exc.msg})") from None
         points = [_todays_point(p) for p in data.get("points", [])]
-        return {"settings": data.get("settings", {}), "points": points}
+        return RunSummary.from_json({"settings": data.get("settings", {}), "points": points})
 
-    def load_summaries(self) -> list[dict]:
-        return self.read_summary()["points"]
+    def load_summaries(self) -> list[PointSummary]:
+        return self.read_summary().points
 
-    def write_summaries(self, points: list[dict], settings: dict) -> None:
+    def write_summaries(self, points: list[PointSummary], settings: RunSettings) -> None:
         # Both texts first: a point that cannot be written leaves both files as they were, still a pair.
-        summary = json.dumps({"settings": settings, "points": points}, indent=2)
+        summary = json.dumps(RunSummary(settings, points).to_json(), indent=2)
         table = summary_csv(points)
         turns = turns_csv(points)
         _replace(self.summary, summary)
@@ -248,8 +250,9 @@ class RunDir:
         if turns is not None:
             _replace(self.turns_csv, turns)
 
-    def read_records(self) -> list[dict]:
-        return [record for _, record in self._record_lines()]
+    def read_records(self) -> list[RequestRecord]:
+        """requests.jsonl's records, each with its point's key (and its run, where the point had several)."""
+        return [RequestRecord.from_json(record) for _, record in self._record_lines()]
 
     def keep_records_of(self, keys: set[str], runs: frozenset[tuple[str, int]] = frozenset()) -> None:
         """On resume: drop the records (and server samples) of points that did not finish (they run
@@ -283,43 +286,44 @@ class RunDir:
         return lines
 
 
-def summary_csv(points: list[dict]) -> str:
+def summary_csv(points: list[PointSummary]) -> str:
     """The point summaries as CSV: the fields of CSV_FIELDS, then mean, median and each percentile of
     every latency metric (ttft_ms_mean, ..., e2e_ms_p99)."""
-    stats = ["mean", "median"] + [k for k in points[0]["ttft_ms"] if k.startswith("p")] if points else []
+    stats = ["mean", "median"] + [k for k in points[0].ttft_ms if k.startswith("p")] if points else []
     metric_cols = [(m, s) for m in CSV_METRICS for s in stats]
     out = io.StringIO()
     writer = csv.writer(out)
     # Only a run with multi-turn points has their columns, so other runs' tables read as they did.
-    sessions = list(SESSION_COLUMNS) if any("conversations" in p for p in points) else []
-    sessions += list(CLIENT_COLUMNS) if any("client" in p for p in points) else []
-    sessions += list(STEADY_COLUMNS) if any("steady_state" in p for p in points) else []
+    sessions = list(SESSION_COLUMNS) if any(p.conversations is not None for p in points) else []
+    sessions += list(CLIENT_COLUMNS) if any(p.client is not None for p in points) else []
+    sessions += list(STEADY_COLUMNS) if any(p.steady_state is not None for p in points) else []
     writer.writerow(CSV_FIELDS + [f"{m}_{s}" for m, s in metric_cols] + sessions)
     for p in points:
-        row = [p.get(k) for k in CSV_FIELDS] + [p[m][s] for m, s in metric_cols]
+        row = [p.figure(k) for k in CSV_FIELDS] + [getattr(p, m)[s] for m, s in metric_cols]
         writer.writerow(row + [session_cell(p, column) for column in sessions])
     return out.getvalue()
 
 
-def session_cell(point: dict, column: str) -> object:
+def session_cell(point: PointSummary, column: str) -> object:
     block, name, stat = {**SESSION_COLUMNS, **CLIENT_COLUMNS, **STEADY_COLUMNS}[column]
-    value = (point.get(block) or {}).get(name) if block else point.get(name)
+    holder = getattr(point, block) if block else point
+    value = getattr(holder, name) if holder is not None else None
     return (value or {}).get(stat) if stat else value
 
 
-def turns_csv(points: list[dict]) -> str | None:
+def turns_csv(points: list[PointSummary]) -> str | None:
     """Every multi-turn point's per-turn figures as CSV, one row per point and turn index (None: the
     run has no multi-turn point)."""
-    rows = [(p["key"], t) for p in points for t in p.get("turns") or []]
+    rows = [(p.key, t) for p in points for t in p.turns or []]
     if not rows:
         return None
-    stats = [k for k in rows[0][1]["ttft_ms"] if k != "mean"]
+    stats = [k for k in rows[0][1].ttft_ms if k != "mean"]
     out = io.StringIO()
     writer = csv.writer(out)
     writer.writerow(TURN_FIELDS + [f"{m}_{s}" for m in ("ttft_ms", "e2e_ms") for s in stats])
     for key, turn in rows:
-        figures = [turn[m][s] for m in ("ttft_ms", "e2e_ms") for s in stats]
-        writer.writerow([key] + [turn.get(k) for k in TURN_FIELDS[1:]] + figures)
+        figures = [turn.ttft_ms[s] for s in stats] + [turn.e2e_ms[s] for s in stats]
+        writer.writerow([key] + [getattr(turn, k) for k in TURN_FIELDS[1:]] + figures)
     return out.getvalue()
 
 
@@ -338,23 +342,23 @@ def _replace(path: Path, text: str) -> None:
         raise
 
 
-def recorded_slo(settings: dict) -> dict[str, float]:
+def recorded_slo(settings: RunSettings) -> dict[str, float]:
     """The SLOs a run was measured against (seconds), from its settings as summary.json keeps them."""
-    return parse_slo(settings.get("config", {}).get("slo"))
+    return parse_slo(settings.slo)
 
 
-def recorded_server_args(point: dict) -> dict | None:
+def recorded_server_args(point: PointSummary) -> dict | None:
     """A point's server arguments as they may be shown: the API key's value replaced, also in a run
     folder written before the bench redacted them."""
-    return redact_args(point.get("server_args"))
+    return redact_args(point.server_args)
 
 
-def machine_info() -> dict:
+def machine_info() -> Machine:
     """The machine a run was measured on, kept in its settings."""
-    return {
-        "host": platform.node(),
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "system": platform.platform(),
-    }
+    return Machine(
+        host=platform.node(),
+        cpu=platform.processor() or platform.machine(),
+        cores=os.cpu_count(),
+        python=platform.python_version(),
+        system=platform.platform(),
+    )

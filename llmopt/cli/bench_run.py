@@ -11,9 +11,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.rundir import RECORDS, REPORT, SUMMARY_CSV, SUMMARY_JSON, RunDir, run_folder_name
+from llmopt.bench.schema import PointSummary, RequestRecord
 from llmopt.bench.sweep.bench_config import BenchConfig, with_overrides
 from llmopt.bench.sweep.recipe import load_recipe
 from llmopt.bench.sweep.sweep import run_sweep
@@ -61,7 +61,7 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
 
         return on_record
 
-    points: list[dict] = []
+    points: list[PointSummary] = []
     interrupted = False
     with progress:
         try:
@@ -88,30 +88,30 @@ def run_bench(config: BenchConfig, run_dir: Path, resume: bool, tokenizer, conso
     if interrupted:
         console.print("[yellow]interrupted: finished requests are kept; continue with --resume[/]")
         return 130
-    failed = sum(p["failed"] for p in points)
+    failed = sum(p.failed for p in points)
     if failed:
         console.print(f"[red]{failed} request(s) failed[/]")
         return 1
     return 0
 
 
-def print_point_notes(console: Console, summary: dict) -> None:
+def print_point_notes(console: Console, summary: PointSummary) -> None:
     """What a finished point's table row cannot say: its failures, warnings, tools refused, why it
     saturated, early stop."""
-    key = summary["key"]
-    if summary["failed"]:
-        errors = escape("; ".join(summary["errors"][:3]))
-        console.print(f"[yellow]{key}: {summary['failed']} failed: {errors}[/]")
-    for note in summary.get("warnings") or []:
+    key = summary.key
+    if summary.failed:
+        errors = escape("; ".join(summary.errors[:3]))
+        console.print(f"[yellow]{key}: {summary.failed} failed: {errors}[/]")
+    for note in summary.warnings:
         console.print(f"[yellow]{key}: warning: {escape(note)}[/]")
     if (client := client_warning(summary)) is not None:
         console.print(client)
-    if summary.get("tools") not in (None, "sent"):
-        console.print(f"[yellow]{key}: tools {escape(summary['tools'])}[/]")
-    if summary.get("saturated"):
-        console.print(f"[yellow]{key}: saturated: {escape(summary['saturation_reason'])}[/]")
-    if summary.get("stopped_early"):
-        console.print(f"[red]{key}: stopped early: {escape(summary['stopped_early'])}[/]")
+    if summary.tools not in (None, "sent"):
+        console.print(f"[yellow]{key}: tools {escape(summary.tools)}[/]")
+    if summary.saturated:
+        console.print(f"[yellow]{key}: saturated: {escape(summary.saturation_reason)}[/]")
+    if summary.stopped_early:
+        console.print(f"[red]{key}: stopped early: {escape(summary.stopped_early)}[/]")
 
 
 def print_skipped(console: Console, key: str, why: str) -> None:

@@ -118,7 +118,7 @@ def price_run(run: Path, models: list[PricingModel], utilisation: float) -> list
     except (ValueError, OSError) as exc:
         raise fail(str(exc)) from None
     blocks = []
-    for served in served_workloads(records, summary["points"]):
+    for served in served_workloads(records, summary.points):
         if not served.workload.requests:
             blocks.append([f"{served.server}: no successful request to price"])
             continue

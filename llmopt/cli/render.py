@@ -21,6 +21,7 @@ from llmopt.report.cost_format import (
 from llmopt.report.format import fmt, point_columns
 
 if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only by `llmopt quantize`
+    from llmopt.bench.schema import PointSummary
     from llmopt.cost.break_even import BreakEven
     from llmopt.cost.conversation_shape import ConversationShape
     from llmopt.cost.from_run import ServedWorkload
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # annotations only: the quant package, say, is imported only 
     from llmopt.report.verdict import Check
 
 
-def results_table(points: list[dict], percentile: str = "p99") -> Table:
+def results_table(points: list[PointSummary], percentile: str = "p99") -> Table:
     """One row per load point (the report's point table, plus the console's extra columns)."""
     table = Table(title="llmopt bench")
     columns = point_columns()
@@ -50,28 +51,28 @@ PREFIX_COLUMNS = (
 )
 
 
-def turns_table(points: list[dict]) -> Table | None:
+def turns_table(points: list[PointSummary]) -> Table | None:
     """Multi-turn points turn by turn: the prompt's cached share and its part from a disk tier, TTFT,
     and the median TTFT of the turns whose prompt came mostly from the prefix cache in RAM, from its disk
     tier, or was computed again (how many such turns in brackets); None without a multi-turn point."""
     rows = []
     for p in points:
-        for t in p.get("turns") or []:
-            split = t.get("ttft_by_prefix") or {}
+        for t in p.turns or []:
+            split = t.ttft_by_prefix or {}
             cells = [
-                f"{s['ttft_ms']['median']:,.0f} ms ({s['turns']})" if (s := split.get(k)) else "-"
+                f"{s.ttft_ms['median']:,.0f} ms ({s.turns})" if (s := split.get(k)) else "-"
                 for k, _ in PREFIX_COLUMNS
             ]
-            cached, disk = t.get("cached_fraction"), t.get("disk_cached_fraction")
+            cached, disk = t.cached_fraction, t.disk_cached_fraction
             rows.append(
                 [
-                    p.get("key", "-"),
-                    str(t["turn"]),
-                    str(t["successful"]),
-                    fmt(t["prompt_tokens_mean"], 0),
+                    p.key or "-",
+                    str(t.turn),
+                    str(t.successful),
+                    fmt(t.prompt_tokens_mean, 0),
                     "-" if cached is None else f"{cached:.0%}",
                     "-" if disk is None else f"{disk:.0%}",
-                    f"{fmt(t['ttft_ms']['median'], 0)} ms",
+                    f"{fmt(t.ttft_ms['median'], 0)} ms",
                     *cells,
                 ]
             )
@@ -100,16 +101,16 @@ def natural_width(table: Table) -> int:
     return max(200, Console(width=100_000).measure(table).maximum)
 
 
-def client_warning(summary: dict) -> Text | None:
+def client_warning(summary: PointSummary) -> Text | None:
     """The warning for a point whose client, not the server, was the limit (bench/load/self_check.py); None
     for any other point."""
-    client = summary.get("client") or {}
-    if not client.get("limited"):
+    client = summary.client
+    if client is None or not client.limited:
         return None
-    reasons = "; ".join(client.get("limited_by") or [])
+    reasons = "; ".join(client.limited_by)
     return Text(
-        f"{summary['key']}: warning: client-limited: {reasons}. Its figures measure the client as much "
-        f"as the server: give more --workers (now {client.get('workers', 1)}) or use a quieter machine",
+        f"{summary.key}: warning: client-limited: {reasons}. Its figures measure the client as much "
+        f"as the server: give more --workers (now {client.workers}) or use a quieter machine",
         style="yellow",
     )
 

@@ -3,12 +3,13 @@
 workloads tagged records with a session and a turn; self-hosted serving at the throughput the run
 sustained within its SLOs, not at saturation.
 
-Records and points come in as the dicts bench/rundir.py reads (requests.jsonl, summary.json)."""
+Records and points come in as bench/schema.py types them (requests.jsonl's, summary.json's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmopt.bench.schema import PointSummary, RequestRecord
 from llmopt.cost.conversation_shape import ConversationShape
 from llmopt.cost.workload import Workload
 from llmopt.pricing import Usage
@@ -24,38 +25,38 @@ class ServedWorkload:
 
     server: str
     workload: Workload
-    point: dict | None  # None: no point met the SLOs
+    point: PointSummary | None  # None: no point met the SLOs
     basis: str  # how the throughput was chosen, in words
 
 
-def usage_of(record: dict, writes: bool) -> Usage:
+def usage_of(record: RequestRecord, writes: bool) -> Usage:
     """A record's tokens as billed: cached as the server's usage said, whichever API it came through
     (the bench's client reads chat's, the Responses API's and Anthropic's usage fields into the same
     record); written as the server said (Anthropic's cache_creation_input_tokens), else, with `writes`,
     its uncached prompt counts as written to the cache."""
-    prompt = max(0.0, float(record.get("prompt_tokens") or 0))
-    cached = min(max(0.0, float(record.get("cached_tokens") or 0)), prompt)
-    output = max(0.0, float(record.get("output_tokens") or 0))
-    told = min(max(0.0, float(record.get("cache_write_tokens") or 0)), prompt - cached)
+    prompt = max(0.0, float(record.prompt_tokens or 0))
+    cached = min(max(0.0, float(record.cached_tokens or 0)), prompt)
+    output = max(0.0, float(record.output_tokens or 0))
+    told = min(max(0.0, float(record.cache_write_tokens or 0)), prompt - cached)
     return Usage(prompt, output, cached, told if told else prompt - cached if writes else 0.0)
 
 
-def conversations(records: list[dict]) -> list[list[Usage]]:
+def conversations(records: list[RequestRecord]) -> list[list[Usage]]:
     """The successful records as conversations: those of one session of one point in turn order, any
     other record alone. A conversation whose turns read the provider's cache writes each turn's uncached
     prompt to it (the next turn reads it); a lone request writes nothing (a shared prefix is written
     once and read by many, so its writes do not count)."""
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[RequestRecord]] = {}
     for number, record in enumerate(records):
-        if not record.get("success"):
+        if not record.success:
             continue
-        session = record.get("session")
-        key = (record.get("point"), session) if session is not None else ("alone", number)
+        session = record.session
+        key = (record.point, session) if session is not None else ("alone", number)
         groups.setdefault(key, []).append(record)
     out = []
     for turns in groups.values():
-        turns.sort(key=lambda r: r.get("turn") or 0)
-        writes = len(turns) > 1 and any((r.get("cached_tokens") or 0) > 0 for r in turns)
+        turns.sort(key=lambda r: r.turn or 0)
+        writes = len(turns) > 1 and any((r.cached_tokens or 0) > 0 for r in turns)
         out.append([usage_of(r, writes) for r in turns])
     return out
 
@@ -75,30 +76,30 @@ def mean_shape(workload: Workload) -> ConversationShape:
     )
 
 
-def slo_point(points: list[dict]) -> tuple[dict | None, str]:
+def slo_point(points: list[PointSummary]) -> tuple[PointSummary | None, str]:
     """The busiest point (by requests/s) within the SLOs, or the busiest of all when no SLO was set;
     with how it was chosen."""
-    ok = [p for p in points if p.get("successful")]
-    with_slo = [p for p in ok if p.get("slo")]
+    ok = [p for p in points if p.successful]
+    with_slo = [p for p in ok if p.slo]
     if not with_slo:
-        best = max(ok, key=lambda p: p["request_throughput"], default=None)
+        best = max(ok, key=lambda p: p.request_throughput, default=None)
         return best, "the busiest point (the run set no SLO)"
-    met = [p for p in with_slo if (p.get("slo_attainment") or 0) >= SLO_ATTAINMENT]
-    best = max(met, key=lambda p: p["request_throughput"], default=None)
+    met = [p for p in with_slo if (p.slo_attainment or 0) >= SLO_ATTAINMENT]
+    best = max(met, key=lambda p: p.request_throughput, default=None)
     if best is None:
         return None, f"no point met the SLOs for {SLO_ATTAINMENT:.0%} of its requests"
     return best, f"the busiest point with {SLO_ATTAINMENT:.0%} of requests within the SLOs"
 
 
-def served_workloads(records: list[dict], points: list[dict]) -> list[ServedWorkload]:
+def served_workloads(records: list[RequestRecord], points: list[PointSummary]) -> list[ServedWorkload]:
     """One workload per server config of the run, in the order its points ran."""
-    server_of = {p["key"]: p["server"] for p in points}
-    servers = list(dict.fromkeys(p["server"] for p in points))
+    server_of = {p.key: p.server for p in points}
+    servers = list(dict.fromkeys(p.server for p in points))
     out = []
     for server in servers:
-        mine = [r for r in records if server_of.get(r.get("point")) == server]
-        point, basis = slo_point([p for p in points if p["server"] == server])
-        throughput = point["request_throughput"] if point else None
+        mine = [r for r in records if server_of.get(r.point) == server]
+        point, basis = slo_point([p for p in points if p.server == server])
+        throughput = point.request_throughput if point else None
         per_minute = throughput * 60 if throughput else None
         workload = Workload(conversations(mine), throughput, per_minute)
         out.append(ServedWorkload(server, workload, point, basis))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmopt.bench.schema import PointSummary
 from llmopt.report.format import fmt
 from llmopt.report.runs import Run
 
@@ -39,13 +40,11 @@ class HabitTable:
     rows: list[list[Cell]]
 
 
-def value(point: dict, field: str, stat: str | None) -> float | None:
-    return (point.get(field) or {}).get(stat) if stat else point.get(field)
-
-
-def change(habit: dict, base: dict, field: str, stat: str | None, higher_is_better: bool) -> Cell:
+def change(
+    habit: PointSummary, base: PointSummary, field: str, stat: str | None, higher_is_better: bool
+) -> Cell:
     """The habit point's `field` against the baseline's, in %: green where it is better."""
-    new, old = value(habit, field, stat), value(base, field, stat)
+    new, old = habit.figure(field, stat), base.figure(field, stat)
     if new is None or not old:
         return Cell("-")
     percent = (new - old) / old * 100
@@ -59,12 +58,12 @@ def setting_text(value: object) -> str:
     return fmt(value, 2) if isinstance(value, float) else str(value)
 
 
-def habit_rows(point: dict, base: dict) -> list[list[Cell]]:
+def habit_rows(point: PointSummary, base: PointSummary) -> list[list[Cell]]:
     """One row per setting the habit changed (the Δ columns on the first)."""
     deltas = [change(point, base, *d) for d in DELTAS]
     rows = []
-    for i, (setting, (before, after)) in enumerate(point.get("habit_changes", {}).items()):
-        where = [base["server"], str(base["prompt_len"]), str(base["output_len"]), base["load"]]
+    for i, (setting, (before, after)) in enumerate((point.habit_changes or {}).items()):
+        where = [base.server, str(base.prompt_len), str(base.output_len), base.load]
         cells = [Cell(text) for text in (*where, setting, setting_text(before), setting_text(after))]
         rows.append(cells + (deltas if i == 0 else [Cell("") for _ in deltas]))
     return rows
@@ -74,11 +73,11 @@ def habit_tables(runs: list[Run]) -> list[HabitTable]:
     """A table per habit of each run, a row per baseline point it was compared with."""
     tables = []
     for run in runs:
-        by_key = {p["key"]: p for p in run.points}
+        by_key = {p.key: p for p in run.points}
         by_habit: dict[str, list[list[Cell]]] = {}
         for p in run.points:
-            base = by_key.get(p.get("baseline_key"))
-            if p.get("habit") and base is not None:
-                by_habit.setdefault(p["habit"], []).extend(habit_rows(p, base))
+            base = by_key.get(p.baseline_key)
+            if p.habit and base is not None:
+                by_habit.setdefault(p.habit, []).extend(habit_rows(p, base))
         tables += [HabitTable(run.name, habit, rows) for habit, rows in by_habit.items()]
     return tables

@@ -145,7 +145,7 @@ def run_bill_title(served: ServedWorkload, run_name: str) -> str:
     )
     if served.point is None:
         return title + f"not priced: {served.basis}"
-    return title + f"at {w.request_throughput:.2f} req/s ({served.point['load']}, {served.basis})"
+    return title + f"at {w.request_throughput:.2f} req/s ({served.point.load}, {served.basis})"
 
 
 def answer_lines(ranked: list[PricedWorkload], per_conversation: bool) -> list[str]:

@@ -97,7 +97,7 @@ def cost_figures(
 ) -> list[tuple[str, str]]:
     tokens, flats = drawn(models, shape, utilisation, served.workload.request_throughput)
     per_turn = f"{shape.prompt_tokens:,.0f} new prompt + {shape.output_tokens:,.0f} output tokens per turn"
-    prompt_lens = sorted({p["prompt_len"] for p in run.points if p["server"] == served.server})
+    prompt_lens = sorted({p.prompt_len for p in run.points if p.server == served.server})
     svgs = [
         (
             f"{run.name} / {served.server}: cost per conversation against turns ({per_turn})",

@@ -7,6 +7,10 @@ report's "Summary per load point" are the same columns, the console showing a fe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llmopt.bench.schema import PointSummary
 
 
 def fmt(value, digits: int = 1) -> str:
@@ -28,8 +32,9 @@ class PointColumn:
     """One column of the per-point table: where its value sits in a point summary and how it reads."""
 
     header: str  # "{p}" stands for the tail percentile shown, e.g. "TTFT {p}" -> "TTFT p99"
-    key: str  # the point summary's field
-    stat: str | None = None  # for a latency field ({"median": .., "p99": ..}): which statistic; may be "{p}"
+    key: str  # the point summary's field (bench/schema.py's PointSummary)
+    # for a latency field ({"median": .., "p99": ..}) which statistic, may be "{p}"; for a block its field
+    stat: str | None = None
     digits: int | None = None  # None: the value as it is (names, counts); else fmt(value, digits)
     left: bool = False  # text columns read left-aligned in the console
     report_header: str | None = None  # the report's shorter header, where it differs
@@ -43,10 +48,9 @@ class PointColumn:
             header = f"{header} ({self.unit})"
         return header.format(p=percentile)
 
-    def cell(self, point: dict, percentile: str) -> str:
-        value = point.get(self.key)
-        if self.stat is not None:
-            value = (value or {}).get(self.stat.format(p=percentile))
+    def cell(self, point: PointSummary, percentile: str) -> str:
+        stat = self.stat.format(p=percentile) if self.stat is not None else None
+        value = point.figure(self.key, stat)
         if self.flag:
             return "-" if value is None else "yes" if value else "no"
         if self.digits is None:

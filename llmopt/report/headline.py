@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmopt.bench.schema import PointSummary
 from llmopt.cost.from_run import SLO_ATTAINMENT
 from llmopt.report.cost_section import CostBlock
 from llmopt.report.format import fmt
@@ -34,28 +35,28 @@ class Headline:
         return [self.run, self.server, self.best, self.slo_load, self.ttft_p99, self.cheapest]
 
 
-def slo_load(points: list[dict]) -> tuple[dict | None, str]:
+def slo_load(points: list[PointSummary]) -> tuple[PointSummary | None, str]:
     """The point with the highest load that met the SLOs (SLO_ATTAINMENT of its requests within every
     one), and its label; without SLOs the busiest point, said so."""
-    ok = [p for p in points if p.get("successful")]
-    if not any(p.get("slo") for p in ok):
-        best = max(ok, key=lambda p: p["request_throughput"], default=None)
-        return best, f"no SLO set (busiest: {best['load']})" if best else "no successful point"
-    met = [p for p in ok if p.get("slo") and (p.get("slo_attainment") or 0) >= SLO_ATTAINMENT]
+    ok = [p for p in points if p.successful]
+    if not any(p.slo for p in ok):
+        best = max(ok, key=lambda p: p.request_throughput, default=None)
+        return best, f"no SLO set (busiest: {best.load})" if best else "no successful point"
+    met = [p for p in ok if p.slo and (p.slo_attainment or 0) >= SLO_ATTAINMENT]
     if not met:
         return None, f"none: no point had {SLO_ATTAINMENT:.0%} of its requests within the SLOs"
     point = max(met, key=load_value)
-    return point, point["load"]
+    return point, point.load
 
 
 def headline(run: Run, server: str, block: CostBlock | None) -> Headline:
     # A client habit's points (bench/sweep/habit.py) measure the client's choices, not the server config.
-    points = [p for p in run.points if p["server"] == server and not p.get("habit")]
-    ok = [p for p in points if p.get("successful")]
-    fastest = max(ok, key=lambda p: p["output_throughput"], default=None)
-    best = f"{fmt(fastest['output_throughput'])} at {fastest['load']}" if fastest else "-"
+    points = [p for p in run.points if p.server == server and not p.habit]
+    ok = [p for p in points if p.successful]
+    fastest = max(ok, key=lambda p: p.output_throughput, default=None)
+    best = f"{fmt(fastest.output_throughput)} at {fastest.load}" if fastest else "-"
     point, label = slo_load(points)
-    ttft = fmt((point or {}).get("ttft_ms", {}).get("p99"), 0) if point else "-"
+    ttft = fmt(point.ttft_ms.get("p99"), 0) if point else "-"
     cheapest = block.answer[0] if block is not None else "no successful request to price"
     return Headline(run.name, server, best, label, ttft, cheapest)
 
@@ -65,6 +66,6 @@ def headlines(runs: list[Run], blocks: list[CostBlock]) -> list[Headline]:
     by_key = {(b.run, b.server): b for b in blocks}
     out = []
     for run in runs:
-        for server in dict.fromkeys(p["server"] for p in run.points):
+        for server in dict.fromkeys(p.server for p in run.points):
             out.append(headline(run, server, by_key.get((run.name, server))))
     return out

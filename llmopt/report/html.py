@@ -10,6 +10,7 @@ from pathlib import Path
 from jinja2 import Environment
 
 from llmopt.bench.rundir import recorded_server_args, recorded_slo
+from llmopt.bench.schema import Machine
 from llmopt.pricing import load_pricing
 from llmopt.report import plots, server_metrics_section
 from llmopt.report.client_habits import HEADERS as HABIT_HEADERS
@@ -39,41 +40,42 @@ TEMPLATE = Path(__file__).with_name("template.html.j2")
 
 def run_settings(run: Run) -> list[tuple[str, str]]:
     s = run.settings
-    config = s.get("config", {})
-    endpoints = sorted({p.get("endpoint", "") for p in run.points})
-    models = sorted({p.get("model", "") for p in run.points})
+    endpoints = sorted({p.endpoint for p in run.points})
+    models = sorted({p.model for p in run.points})
     # Redacted here too: a run folder written before the bench redacted them may hold a server's key.
-    servers = {p["server"]: recorded_server_args(p) for p in run.points}
-    machine = s.get("machine", {})
+    servers = {p.server: recorded_server_args(p) for p in run.points}
     return [
         ("endpoint(s)", ", ".join(endpoints)),
         ("model(s)", ", ".join(models)),
         ("server configs", "; ".join(f"{k}: {v}" if v else k for k, v in servers.items())),
-        ("recipe", config.get("recipe") or "-"),
-        ("workload", f"{config.get('workload')} (api {config.get('api')})"),
-        ("started", s.get("started", "-")),
-        (
-            "machine",
-            f"{machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, {machine.get('system', '')}",
-        ),
+        ("recipe", s.recipe or "-"),
+        ("workload", f"{s.workload} (api {s.api})"),
+        ("started", s.started or "-"),
+        ("machine", machine_text(s.machine)),
         (
             "token counts from",
-            ", ".join(sorted({t for p in run.points for t in p.get("tokens_from", [])})) or "-",
+            ", ".join(sorted({t for p in run.points for t in p.tokens_from})) or "-",
         ),
         *search_answers(run),
     ]
 
 
+def machine_text(machine: Machine | None) -> str:
+    if machine is None:
+        return "?, ? cores, "
+    cpu, cores = machine.cpu or "?", "?" if machine.cores is None else machine.cores
+    return f"{cpu}, {cores} cores, {machine.system or ''}"
+
+
 def search_answers(run: Run) -> list[tuple[str, str]]:
     """A settings row per goodput search of the run: the answer point, or that none met the SLOs."""
     rows = []
-    for s in run.settings.get("search") or []:
-        found = s["answer_key"] or "no probe met them"
+    for s in run.settings.search or []:
+        found = s.answer_key or "no probe met them"
         rows.append(
             (
-                f"goodput search ({s['server']}, in {s['prompt_len']}, out {s['output_len']})",
-                f"highest load meeting {s['slo']} at p{s['percentile']:g}: {found} "
-                f"({len(s['probes'])} probes)",
+                f"goodput search ({s.server}, in {s.prompt_len}, out {s.output_len})",
+                f"highest load meeting {s.slo} at p{s.percentile:g}: {found} ({len(s.probes)} probes)",
             )
         )
     return rows
@@ -99,28 +101,27 @@ def session_rows(run: Run) -> list[list[str]]:
     """One row per multi-turn point: its sessions, turns per second, conversation latency, tools."""
     rows = []
     for p in run.points:
-        if "conversations" not in p:
+        if (c := p.conversations) is None:
             continue
-        c = p["conversations"]
-        latency = c["conversation_ms"]
-        counts = [str(c["started"]), str(c["completed"]), str(c["failed"]), fmt(c["turns_per_s"], 2)]
-        figures = [fmt(latency.get("median"), 0), fmt(latency.get("p99"), 0), p.get("tools") or "-"]
-        rows.append([p["server"], str(p["prompt_len"]), p["load"], *counts, *figures])
+        latency = c.conversation_ms
+        counts = [str(c.started), str(c.completed), str(c.failed), fmt(c.turns_per_s, 2)]
+        figures = [fmt(latency.get("median"), 0), fmt(latency.get("p99"), 0), p.tools or "-"]
+        rows.append([p.server, str(p.prompt_len), p.load, *counts, *figures])
     return rows
 
 
 def deltas(runs: list[Run]) -> list[dict]:
     """Each later run's points against the first run's point with the same workload and load."""
-    base = {(p["prompt_len"], p["output_len"], p["load"]): p for p in runs[0].points}
+    base = {(p.prompt_len, p.output_len, p.load): p for p in runs[0].points}
     out = []
     for run in runs[1:]:
         for p in run.points:
-            ref = base.get((p["prompt_len"], p["output_len"], p["load"]))
+            ref = base.get((p.prompt_len, p.output_len, p.load))
             if ref is None:
                 continue
             cells = []
             for metric, _, stat in DELTA_METRICS:
-                new, old = (p[metric][stat], ref[metric][stat]) if stat else (p[metric], ref[metric])
+                new, old = p.figure(metric, stat), ref.figure(metric, stat)
                 if new is None or not old:
                     cells.append({"text": "-", "cls": ""})
                     continue
@@ -131,7 +132,7 @@ def deltas(runs: list[Run]) -> list[dict]:
             out.append(
                 {
                     "run": run.name,
-                    "point": f"{p['server']} in {p['prompt_len']} out {p['output_len']} {p['load']}",
+                    "point": f"{p.server} in {p.prompt_len} out {p.output_len} {p.load}",
                     "cells": cells,
                 }
             )

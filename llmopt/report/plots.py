@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from llmopt.bench.schema import PointSummary, RequestRecord  # noqa: E402
 from llmopt.cost.break_even import conversation_cost, max_turns  # noqa: E402
 from llmopt.cost.conversation_shape import ConversationShape  # noqa: E402
 from llmopt.pricing import PricingModel, Usage  # noqa: E402
@@ -45,7 +46,7 @@ def load_axis_name(runs: list[Run]) -> str:
         "replay_speed": "replay speed (x the trace's)",
     }
     used = [
-        name for key, name in names.items() if any(p.get(key) is not None for r in runs for p in r.points)
+        name for key, name in names.items() if any(p.figure(key) is not None for r in runs for p in r.points)
     ]
     return " / ".join(used) or "concurrency"
 
@@ -57,7 +58,7 @@ def throughput(runs: list[Run]) -> str:
             x = [load_value(p) for p in pts]
             name = label(run, key, len(runs) > 1)
             for ax, metric in ((ax_tok, "output_throughput"), (ax_req, "request_throughput")):
-                y = [p[metric] for p in pts]
+                y = [p.figure(metric) for p in pts]
                 (line,) = ax.plot(x, y, marker="o", label=name)
                 error_bars(ax, x, y, pts, metric, line.get_color())
     for ax, title in ((ax_tok, "output tokens/s"), (ax_req, "requests/s")):
@@ -68,13 +69,13 @@ def throughput(runs: list[Run]) -> str:
     return to_svg(fig)
 
 
-def error_bars(ax, x: list, y: list, pts: list[dict], metric: str, color: str) -> None:
+def error_bars(ax, x: list, y: list, pts: list[PointSummary], metric: str, color: str) -> None:
     """The 95 % interval of `metric` at each point run several times (--num-runs), around its value."""
-    cis = [((p.get("repeats") or {}).get("metrics") or {}).get(metric) for p in pts]
+    cis = [p.repeats.metrics.get(metric) if p.repeats is not None else None for p in pts]
     if not any(cis):
         return
-    low = [max(0.0, v - c["ci95"][0]) if c else 0.0 for v, c in zip(y, cis)]
-    high = [max(0.0, c["ci95"][1] - v) if c else 0.0 for v, c in zip(y, cis)]
+    low = [max(0.0, v - c.ci95[0]) if c else 0.0 for v, c in zip(y, cis)]
+    high = [max(0.0, c.ci95[1] - v) if c else 0.0 for v, c in zip(y, cis)]
     ax.errorbar(x, y, yerr=[low, high], fmt="none", ecolor=color, capsize=3)
 
 
@@ -88,7 +89,7 @@ def latency(runs: list[Run]) -> str:
                 color = f"C{(i * 4 + j) % 10}"
                 x = [load_value(p) for p in pts]
                 for pct, style in STYLES.items():
-                    y = [p[metric].get(pct) for p in pts]
+                    y = [p.figure(metric, pct) for p in pts]
                     if any(v is not None for v in y):
                         ax.plot(
                             x,
@@ -124,7 +125,8 @@ def latency_throughput(runs: list[Run], slo_ms: dict[str, float]) -> str:
         everything = []
         for run in runs:
             for key, pts in run.series().items():
-                xy = [(p["output_throughput"], p[metric][pct]) for p in pts if p[metric][pct] is not None]
+                figures = [(p.output_throughput, p.figure(metric, pct)) for p in pts]
+                xy = [(x, y) for x, y in figures if y is not None]
                 if xy:
                     ax.plot(*zip(*xy), marker="o", alpha=0.8, label=label(run, key, len(runs) > 1))
                     everything += xy
@@ -146,15 +148,13 @@ def cdfs(runs: list[Run], max_lines: int = 10) -> str:
     lines = 0
     for run in runs:
         for p in run.points:
-            recs = run.records_of(p["key"])
+            recs = run.records_of(p.key)
             if not recs or lines >= max_lines:
                 continue
             lines += 1
-            name = (
-                f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} in {p['prompt_len']} {p['load']}"
-            )
-            for ax, field in ((axes[0], "ttft"), (axes[1], "e2e")):
-                values = np.sort([r[field] * 1000 for r in recs if r.get(field) is not None])
+            name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p.server} in {p.prompt_len} {p.load}"
+            for ax, times in ((axes[0], [r.ttft for r in recs]), (axes[1], [r.e2e for r in recs])):
+                values = np.sort([t * 1000 for t in times if t is not None])
                 marker = "o" if len(values) == 1 else None  # a lone request: no line to see
                 ax.plot(values, np.arange(1, len(values) + 1) / len(values), marker=marker, label=name)
     for ax, title in zip(axes, ("TTFT (ms)", "E2E latency (ms)")):
@@ -167,16 +167,16 @@ def cdfs(runs: list[Run], max_lines: int = 10) -> str:
 
 def turns(runs: list[Run]) -> str | None:
     """Multi-turn points: TTFT and E2E medians and the prefix-cached share of the prompt by turn index."""
-    series = [(run, p) for run in runs for p in run.points if p.get("turns")]
+    series = [(run, p) for run in runs for p in run.points if p.turns]
     if not series:
         return None
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for run, p in series:
-        name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} {p['load']}"
-        ks = [t["turn"] for t in p["turns"]]
-        axes[0].plot(ks, [t["ttft_ms"]["median"] for t in p["turns"]], marker="o", label=name)
-        axes[1].plot(ks, [t["e2e_ms"]["median"] for t in p["turns"]], marker="o", label=name)
-        cached = [t["cached_fraction"] for t in p["turns"]]
+        name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p.server} {p.load}"
+        ks = [t.turn for t in p.turns]
+        axes[0].plot(ks, [t.ttft_ms["median"] for t in p.turns], marker="o", label=name)
+        axes[1].plot(ks, [t.e2e_ms["median"] for t in p.turns], marker="o", label=name)
+        cached = [t.cached_fraction for t in p.turns]
         if any(c is not None for c in cached):
             axes[2].plot(ks, [100 * c if c is not None else None for c in cached], marker="o", label=name)
     for ax, title in zip(
@@ -194,12 +194,10 @@ def prefix_caching(runs: list[Run]) -> str | None:
     bars = []
     for run in runs:
         for p in run.points:
-            args = p.get("server_args") or {}
+            args = p.server_args or {}
             flag = args.get("enable-prefix-caching", args.get("enable_prefix_caching"))
             if flag is not None:
-                bars.append(
-                    (f"{p['load']}\nin {p['prompt_len']}", "on" if flag else "off", p["ttft_ms"]["median"])
-                )
+                bars.append((f"{p.load}\nin {p.prompt_len}", "on" if flag else "off", p.ttft_ms["median"]))
     if not {b[1] for b in bars} >= {"on", "off"}:
         return None
     loads = sorted({b[0] for b in bars})
@@ -220,23 +218,23 @@ def speculative(runs: list[Run]) -> str | None:
     rows = []  # (method, k, load label, speed-up, acceptance)
     for run in runs:
         base = {
-            (p["prompt_len"], p["output_len"], p["load"]): p["output_throughput"]
+            (p.prompt_len, p.output_len, p.load): p.output_throughput
             for p in run.points
-            if p.get("server_args") is not None and not (p["server_args"] or {}).get("speculative-config")
+            if p.server_args is not None and not p.server_args.get("speculative-config")
         }
         for p in run.points:
-            spec = (p.get("server_args") or {}).get("speculative-config")
+            spec = (p.server_args or {}).get("speculative-config")
             if not spec:
                 continue
             spec = json.loads(spec) if isinstance(spec, str) else spec
-            ref = base.get((p["prompt_len"], p["output_len"], p["load"]))
-            acceptance = (p.get("spec") or {}).get("acceptance_rate")
+            ref = base.get((p.prompt_len, p.output_len, p.load))
+            acceptance = (p.spec or {}).get("acceptance_rate")
             rows.append(
                 (
                     spec.get("method"),
                     spec.get("num_speculative_tokens"),
-                    p["load"],
-                    p["output_throughput"] / ref if ref else None,
+                    p.load,
+                    p.output_throughput / ref if ref else None,
                     acceptance,
                 )
             )
@@ -336,30 +334,28 @@ def timeline(runs: list[Run], max_points: int = 4) -> str | None:
     for run in runs:
         for pts in run.series().values():
             chosen.append((run, max(pts, key=load_value)))
-    chosen = [(run, p) for run, p in chosen if run.records_of(p["key"])][:max_points]
+    chosen = [(run, p) for run, p in chosen if run.records_of(p.key)][:max_points]
     if not chosen:
         return None
     fig, axes = plt.subplots(1, len(chosen), figsize=(5 * len(chosen), 4), squeeze=False)
     for ax, (run, p) in zip(axes[0], chosen):
-        draw_timeline(ax, run.records_of(p["key"]))
-        ax.set_title(
-            f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} in {p['prompt_len']} {p['load']}"
-        )
+        draw_timeline(ax, run.records_of(p.key))
+        ax.set_title(f"{run.name + ' / ' if len(runs) > 1 else ''}{p.server} in {p.prompt_len} {p.load}")
     axes[0][0].legend(fontsize=7, loc="lower right")
     return to_svg(fig)
 
 
-def draw_timeline(ax, records: list[dict]) -> None:
+def draw_timeline(ax, records: list[RequestRecord]) -> None:
     """One point's requests on `ax`, a bar each from sent to last byte, the wait for the first token
     darker (the timeline plot's, and the server-metrics plot's left panel)."""
     recs = sorted(
-        (r for r in records if r.get("ttft") is not None and r.get("e2e") is not None),
-        key=lambda r: r.get("start") or 0.0,
+        (r for r in records if r.ttft is not None and r.e2e is not None),
+        key=lambda r: r.start,
     )
     y = np.arange(len(recs))
-    starts = np.array([r.get("start") or 0.0 for r in recs])
-    ttft = np.array([r["ttft"] for r in recs])
-    e2e = np.array([r["e2e"] for r in recs])
+    starts = np.array([r.start for r in recs])
+    ttft = np.array([r.ttft for r in recs])
+    e2e = np.array([r.e2e for r in recs])
     ax.barh(y, ttft, left=starts, height=0.8, color="C3", label="sent -> first token")
     ax.barh(y, e2e - ttft, left=starts + ttft, height=0.8, color="C0", alpha=0.6, label="first -> last token")
     ax.set_xlabel("seconds since the point started")

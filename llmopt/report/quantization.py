@@ -83,14 +83,14 @@ def cheapest_gpu(models: list[PricingModel]) -> PricingModel | None:
 def measured(run: Run, server: str) -> tuple[float | None, str]:
     """The output tokens/s a config sustained within the SLOs (the busiest point of all when no point
     met them, said so), and how it was chosen."""
-    points = [p for p in run.points if p["server"] == server]
+    points = [p for p in run.points if p.server == server]
     point, basis = slo_point(points)
     if point is None:
-        busiest = max(points, key=lambda p: p["output_throughput"] or 0, default=None)
+        busiest = max(points, key=lambda p: p.output_throughput or 0, default=None)
         if busiest is None:
             return None, "no point ran"
-        return busiest["output_throughput"], f"{basis}: its busiest point ({busiest['load']})"
-    return point["output_throughput"], f"{point['load']}: {basis}"
+        return busiest.output_throughput, f"{basis}: its busiest point ({busiest.load})"
+    return point.output_throughput, f"{point.load}: {basis}"
 
 
 def quality_measure(points: list[QuantPoint]) -> str:
@@ -107,7 +107,7 @@ def mean_kld(record: dict) -> float | None:
 def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
     """A QuantPoint for each config of the run's settings["quantization"], the Pareto fronts marked."""
     out = []
-    for server, record in (run.settings.get("quantization") or {}).items():
+    for server, record in (run.settings.quantization or {}).items():
         throughput, basis = measured(run, server)
         cost = None
         if gpu is not None and throughput:
@@ -177,7 +177,7 @@ def answer(points: list[QuantPoint]) -> str:
 
 def quantization_section(run: Run, models: list[PricingModel]) -> QuantizationSection | None:
     """The section for `run`, or None when none of its configs was quantized."""
-    records = run.settings.get("quantization") or {}
+    records = run.settings.quantization or {}
     if not any(r.get("method") not in (None, "none") for r in records.values()):
         return None
     gpu = cheapest_gpu(models)

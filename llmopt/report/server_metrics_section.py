@@ -11,6 +11,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary, RequestRecord, ServerFigures
 from llmopt.report.format import fmt
 from llmopt.report.plots import draw_timeline, to_svg
 from llmopt.report.runs import Run, load_value
@@ -36,18 +37,18 @@ def percent(value: float | None) -> str:
     return fmt(None if value is None else 100 * value, 1)
 
 
-def server_metric_row(point: dict, m: dict) -> list[str]:
+def server_metric_row(point: PointSummary, m: ServerFigures) -> list[str]:
     """One point's row from its summary's server figures `m` (today's names)."""
-    counts = [fmt(m.get("running_mean"), 1), fmt(m.get("running_max"), 0), fmt(m.get("waiting_max"), 0)]
-    usage = [percent(m.get("kv_cache_usage_mean")), percent(m.get("kv_cache_usage_max"))]
-    rates = [percent(m.get("prefix_cache_hit_rate")), fmt(m.get("preemptions"), 0)]
-    name = [point["server"], str(point["prompt_len"]), point["load"], m.get("engine") or "-"]
-    return [*name, str(m["samples"]), *counts, *usage, *rates, percent(m.get("spec_acceptance"))]
+    counts = [fmt(m.running_mean, 1), fmt(m.running_max, 0), fmt(m.waiting_max, 0)]
+    usage = [percent(m.kv_cache_usage_mean), percent(m.kv_cache_usage_max)]
+    rates = [percent(m.prefix_cache_hit_rate), fmt(m.preemptions, 0)]
+    name = [point.server, str(point.prompt_len), point.load, m.engine or "-"]
+    return [*name, str(m.samples), *counts, *usage, *rates, percent(m.spec_acceptance)]
 
 
 def server_metric_rows(run: Run) -> list[list[str]]:
     """A row per point whose server was sampled, whichever engine it was."""
-    return [server_metric_row(p, p["server_metrics"]) for p in run.points if p.get("server_metrics")]
+    return [server_metric_row(p, p.server_metrics) for p in run.points if p.server_metrics]
 
 
 def samples_of(run: Run) -> dict[str, list[dict]]:
@@ -60,22 +61,22 @@ def samples_of(run: Run) -> dict[str, list[dict]]:
     return out
 
 
-def chosen_points(runs: list[Run], max_points: int) -> list[tuple[Run, dict, list[dict]]]:
+def chosen_points(runs: list[Run], max_points: int) -> list[tuple[Run, PointSummary, list[dict]]]:
     """Each series' busiest point that has samples, up to `max_points`, with its samples."""
     chosen = []
     for run in runs:
         samples = samples_of(run)
         for pts in run.series().values():
-            sampled = [p for p in pts if samples.get(p["key"])]
+            sampled = [p for p in pts if samples.get(p.key)]
             if sampled:
                 point = max(sampled, key=load_value)
-                chosen.append((run, point, samples[point["key"]]))
+                chosen.append((run, point, samples[point.key]))
     return chosen[:max_points]
 
 
-def in_flight(records: list[dict], t: float) -> int:
+def in_flight(records: list[RequestRecord], t: float) -> int:
     """The client's requests in flight at `t` (seconds since the point started)."""
-    return sum(1 for r in records if r.get("e2e") is not None and r["start"] <= t < r["start"] + r["e2e"])
+    return sum(1 for r in records if r.e2e is not None and r.start <= t < r.start + r.e2e)
 
 
 def series(samples: list[dict], field: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
@@ -91,9 +92,9 @@ def figure(runs: list[Run], max_points: int = 4) -> str | None:
         return None
     fig, axes = plt.subplots(len(chosen), 3, figsize=(15, 3.6 * len(chosen)), squeeze=False)
     for (ax_client, ax_queue, ax_share), (run, p, samples) in zip(axes, chosen):
-        records = run.records_of(p["key"])
+        records = run.records_of(p.key)
         draw_timeline(ax_client, records)
-        name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p['server']} in {p['prompt_len']} {p['load']}"
+        name = f"{run.name + ' / ' if len(runs) > 1 else ''}{p.server} in {p.prompt_len} {p.load}"
         ax_client.set_title(f"client: {name}", fontsize=9)
         for field, style in (("running", "-"), ("waiting", "--")):
             ax_queue.step(*series(samples, field), style, where="post", label=f"server: {field}")

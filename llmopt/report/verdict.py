@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmopt.bench.schema import PointSummary
 from llmopt.report.format import fmt
 from llmopt.report.runs import Run
 
@@ -70,15 +71,15 @@ class Check:
     holds: bool
 
 
-def point_value(point: dict, metric: str) -> float | None:
+def point_value(point: PointSummary, metric: str) -> float | None:
     if metric in THROUGHPUTS:
-        return point.get(metric)
+        return point.figure(metric)
     name, _, stat = metric.partition("_")
-    stat = "median" if stat == "p50" and "p50" not in (point.get(f"{name}_ms") or {}) else stat
-    return (point.get(f"{name}_ms") or {}).get(stat)
+    stat = "median" if stat == "p50" and "p50" not in (point.figure(f"{name}_ms") or {}) else stat
+    return point.figure(f"{name}_ms", stat)
 
 
-def value_of(point: dict, metric: str, values: list[float] | None) -> float | None:
+def value_of(point: PointSummary, metric: str, values: list[float] | None) -> float | None:
     """The point's own figure, or, for a statistic its summary does not hold (p95 of a run that kept
     p50, p90, p99), the statistic of its requests, in milliseconds as the summary's."""
     value = point_value(point, metric)
@@ -110,29 +111,29 @@ def change_interval(base: list[float], new: list[float], stat: str) -> tuple[flo
     return float(np.percentile(changes, 2.5)), float(np.percentile(changes, 97.5))
 
 
-def samples(run: Run, point: dict, metric: str) -> list[float] | None:
+def samples(run: Run, point: PointSummary, metric: str) -> list[float] | None:
     """The per-request values (for ITL: the gaps) a latency metric is a statistic of; None for a
     throughput, which has one value per point."""
     if metric in THROUGHPUTS:
         return None
     name = metric.partition("_")[0]
-    records = run.records_of(point["key"])
+    records = run.records_of(point.key)
     if name == "itl":
-        values = [g for r in records for g in r.get("itl") or []]
+        values = [g for r in records for g in r.itl]
     elif name == "tpot":
         values = [
-            (r["e2e"] - r["ttft"]) / (r["output_tokens"] - 1)
+            (r.e2e - r.ttft) / (r.output_tokens - 1)
             for r in records
-            if r.get("e2e") is not None and r.get("ttft") is not None and (r.get("output_tokens") or 0) >= 2
+            if r.e2e is not None and r.ttft is not None and r.output_tokens >= 2
         ]
     else:
-        values = [r[name] for r in records if r.get(name) is not None]
+        values = [t for r in records if (t := r.ttft if name == "ttft" else r.e2e) is not None]
     if len(values) > MAX_SAMPLES:
         values = list(np.random.default_rng(0).choice(values, MAX_SAMPLES, replace=False))
     return values
 
 
-def repeat_values(point: dict, metric: str) -> list[float] | None:
+def repeat_values(point: PointSummary, metric: str) -> list[float] | None:
     """The metric's value in each run of a repeated point (`llmopt bench --num-runs N`), where the
     bench kept them (its headline metrics), else None."""
     if metric in THROUGHPUTS:
@@ -140,13 +141,13 @@ def repeat_values(point: dict, metric: str) -> list[float] | None:
     else:
         field, _, stat = metric.partition("_")
         name = f"{field}_ms.{'median' if stat == 'p50' else stat}"
-    kept = ((point.get("repeats") or {}).get("metrics") or {}).get(name) or {}
-    values = kept.get("values")
+    kept = point.repeats.metrics.get(name) if point.repeats is not None else None
+    values = kept.values if kept is not None else None
     return values if values and len(values) > 1 else None
 
 
-def check(condition: Condition, base_run: Run, base: dict, new_run: Run, new: dict) -> Check:
-    label = f"{new_run.name}: {new['server']} in {new['prompt_len']} out {new['output_len']} {new['load']}"
+def check(condition: Condition, base_run: Run, base: PointSummary, new_run: Run, new: PointSummary) -> Check:
+    label = f"{new_run.name}: {new.server} in {new.prompt_len} out {new.output_len} {new.load}"
     stat = condition.metric.partition("_")[2]
     old_samples = samples(base_run, base, condition.metric)
     new_samples = samples(new_run, new, condition.metric)
@@ -166,18 +167,18 @@ def check(condition: Condition, base_run: Run, base: dict, new_run: Run, new: di
     return Check(condition, label, old_value, new_value, change, interval, holds)
 
 
-def matched_points(base: Run, new: Run) -> list[tuple[dict, dict]]:
+def matched_points(base: Run, new: Run) -> list[tuple[PointSummary, PointSummary]]:
     """(BASE point, NEW point) pairs: the same server, workload and load, or, where NEW's server is
     not in BASE, the same workload and load."""
-    by_server = {(p["server"], p["prompt_len"], p["output_len"], p["load"]): p for p in base.points}
-    by_shape = {(p["prompt_len"], p["output_len"], p["load"]): p for p in base.points}
-    servers = {p["server"] for p in base.points}
+    by_server = {(p.server, p.prompt_len, p.output_len, p.load): p for p in base.points}
+    by_shape = {(p.prompt_len, p.output_len, p.load): p for p in base.points}
+    servers = {p.server for p in base.points}
     pairs = []
     for p in new.points:
-        if p["server"] in servers:
-            ref = by_server.get((p["server"], p["prompt_len"], p["output_len"], p["load"]))
+        if p.server in servers:
+            ref = by_server.get((p.server, p.prompt_len, p.output_len, p.load))
         else:
-            ref = by_shape.get((p["prompt_len"], p["output_len"], p["load"]))
+            ref = by_shape.get((p.prompt_len, p.output_len, p.load))
         if ref is not None:
             pairs.append((ref, p))
     return pairs

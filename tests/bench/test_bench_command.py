@@ -46,18 +46,18 @@ def test_flags_override_the_recipe_and_a_tokenizer_folder_is_enough(openai_endpo
     given = bench(*common, "--api", "chat", "--arrival", "poisson", "--run-name", "given")
     assert given.returncode == 0, given.stderr + given.stdout
     run = RunDir(tmp_path / "given")
-    config = run.read_summary()["settings"]["config"]
+    config = run.read_summary().settings.config
     assert (config["api"], config["arrival"]) == ("chat", "poisson")
     assert (config["slo"], config["num_requests"], config["tokenizer"]) == ("ttft=5s", 3, str(tokenizer_dir))
     assert [path for path, _ in openai_endpoint.seen] == ["/v1/chat/completions"] * 3
     [point] = run.load_summaries()
-    assert (point["load"], point["successful"], point["model"]) == ("rate=50/s", 3, "scripted")
+    assert (point.load, point.successful, point.model) == ("rate=50/s", 3, "scripted")
     assert run.report.is_file() and len(run.read_records()) == 3
 
     openai_endpoint.seen.clear()
     absent = bench(*common, "--run-name", "absent")
     assert absent.returncode == 0, absent.stderr + absent.stdout
-    config = RunDir(tmp_path / "absent").read_summary()["settings"]["config"]
+    config = RunDir(tmp_path / "absent").read_summary().settings.config
     assert (config["api"], config["arrival"]) == ("completions", "constant")
     assert [path for path, _ in openai_endpoint.seen] == ["/v1/completions"] * 3
 

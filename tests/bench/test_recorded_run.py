@@ -13,7 +13,6 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.load_point import PointResult
 from llmopt.bench.measure.request_metrics import summarize_results
 from llmopt.bench.rundir import RunDir
@@ -25,7 +24,6 @@ DATA = Path(__file__).parent / "data"
 RECORDED = DATA / "recorded_run"
 EXPECTED = DATA / "recorded_run_expected.json"
 PRICING = DATA / "recorded_run_pricing.toml"
-RECORD_FIELDS = set(RequestRecord.__dataclass_fields__) - {"text", "response_id"}
 
 
 def test_a_recorded_summary_is_rewritten_byte_for_byte(tmp_path):
@@ -33,20 +31,20 @@ def test_a_recorded_summary_is_rewritten_byte_for_byte(tmp_path):
     summary = recorded.read_summary()
     again = RunDir(tmp_path / "again")
     again.path.mkdir()
-    again.write_summaries(summary["points"], summary["settings"])
+    again.write_summaries(summary.points, summary.settings)
     assert again.summary.read_bytes() == recorded.summary.read_bytes()
     assert again.summary_csv.read_bytes() == recorded.summary_csv.read_bytes()
 
 
 def test_the_request_figures_are_recomputed_from_the_records_as_recorded():
     run = RunDir(RECORDED)
-    settings = run.read_summary()["settings"]["config"]
-    slo, percentiles = parse_slo(settings["slo"]), tuple(settings["percentiles"])
+    settings = run.read_summary().settings
+    slo, percentiles = parse_slo(settings.slo), settings.percentiles
     for point in run.load_summaries():
-        lines = [line for line in run.read_records() if line["point"] == point["key"]]
-        records = [RequestRecord(**{k: v for k, v in line.items() if k in RECORD_FIELDS}) for line in lines]
-        figures = summarize_results([PointResult(records, point["duration_s"])], slo, percentiles)
-        assert json.dumps(figures, indent=2) == json.dumps({k: point[k] for k in figures}, indent=2)
+        records = [record for record in run.read_records() if record.point == point.key]
+        figures = summarize_results([PointResult(records, point.duration_s)], slo, percentiles)
+        recorded = point.to_json()
+        assert json.dumps(figures, indent=2) == json.dumps({k: recorded[k] for k in figures}, indent=2)
 
 
 def shown() -> dict:

@@ -3,25 +3,26 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 
 import pytest
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import CSV_FIELDS, RunDir
+from llmopt.bench.schema import PointSummary, RequestRecord, RunSettings, ServerFigures
 from llmopt.report.runs import load_run
 
 
-def point(key: str, load: str, ttft: float) -> dict:
+def point(key: str, load: str, ttft: float) -> PointSummary:
     records = [
         RequestRecord(index=0, ttft=ttft, e2e=ttft + 0.5, output_tokens=6, itl=[0.1] * 5, success=True)
     ]
     summary = summarize(records, 2.0, percentiles=(50, 99))
     summary.update({"key": key, "server": "s", "prompt_len": 8, "output_len": 6, "load": load})
     summary.update({"concurrency": 1, "request_rate": None})
-    return summary
+    return PointSummary.from_json(summary)
 
 
 def record_line(key: str, index: int) -> str:
@@ -30,12 +31,12 @@ def record_line(key: str, index: int) -> str:
 
 def test_summaries_round_trip_through_json_and_csv(tmp_path):
     run = RunDir(tmp_path)
-    assert not run.is_run() and run.load_summaries() == [] and run.read_summary()["settings"] == {}
+    assert not run.is_run() and run.load_summaries() == [] and run.read_summary().settings == RunSettings()
     points = [point("a", "concurrency=1", 0.2), point("b", "concurrency=2", 0.4)]
-    run.write_summaries(points, {"config": {"num_requests": 1}})
+    run.write_summaries(points, RunSettings({"num_requests": 1}))
     assert run.is_run()
     assert run.load_summaries() == points
-    assert run.read_summary()["settings"] == {"config": {"num_requests": 1}}
+    assert run.read_summary().settings == RunSettings({"num_requests": 1})
     rows = list(csv.reader(run.summary_csv.read_text().splitlines()))
     header = rows[0]
     assert header[: len(CSV_FIELDS)] == CSV_FIELDS
@@ -55,15 +56,16 @@ def test_an_earlier_runs_server_figures_read_with_todays_names(tmp_path):
     assert sample == {"point": "a", "t": 0.5, "kv_cache_usage": 0.5, "prefix_cache_hit_rate": 0.2}
     figures = {"samples": 2, "engine": "vllm", "kv_usage_max": 0.25, "prefix_hit_rate": 0.5}
     earlier, unsampled = point("a", "concurrency=1", 0.2), point("b", "concurrency=2", 0.4)
-    run.write_summaries([{**earlier, "server_metrics": figures}, unsampled], {})
+    sampled = dataclasses.replace(earlier, server_metrics=ServerFigures.from_json(figures))
+    run.write_summaries([sampled, unsampled], RunSettings())
     [a, b] = run.load_summaries()
-    assert a["server_metrics"] == {
-        "samples": 2,
-        "engine": "vllm",
-        "kv_cache_usage_max": 0.25,
-        "prefix_cache_hit_rate": 0.5,
-    }
-    assert b == unsampled and {k: v for k, v in a.items() if k != "server_metrics"} == earlier
+    assert a.server_metrics == ServerFigures(
+        samples=2,
+        engine="vllm",
+        kv_cache_usage_max=0.25,
+        prefix_cache_hit_rate=0.5,
+    )
+    assert b == unsampled and dataclasses.replace(a, server_metrics=None) == earlier
     run.append_round(
         {"point": "a", "round": 0, "runs": [{"repeat": 0, "samples": [{"t": 1, "kv_usage": 0.5}]}]}
     )
@@ -73,7 +75,7 @@ def test_an_earlier_runs_server_figures_read_with_todays_names(tmp_path):
 
 def test_an_empty_run_writes_a_header_only_csv(tmp_path):
     run = RunDir(tmp_path)
-    run.write_summaries([], {})
+    run.write_summaries([], RunSettings())
     assert run.summary_csv.read_text().strip() == ",".join(CSV_FIELDS)
 
 
@@ -98,11 +100,11 @@ def test_a_server_log_stays_in_the_run_folder(tmp_path, name):
 
 def test_a_summary_that_cannot_be_written_leaves_both_files_as_they_were(tmp_path):
     run = RunDir(tmp_path)
-    run.write_summaries([point("a", "concurrency=1", 0.2)], {"config": {}})
+    run.write_summaries([point("a", "concurrency=1", 0.2)], RunSettings())
     before = (run.summary.read_text(), run.summary_csv.read_text())
-    broken = {k: v for k, v in point("b", "concurrency=2", 0.4).items() if k != "e2e_ms"}
+    broken = dataclasses.replace(point("b", "concurrency=2", 0.4), e2e_ms={})
     with pytest.raises(KeyError):
-        run.write_summaries([point("a", "concurrency=1", 0.2), broken], {"config": {}})
+        run.write_summaries([point("a", "concurrency=1", 0.2), broken], RunSettings())
     assert (run.summary.read_text(), run.summary_csv.read_text()) == before
 
 
@@ -114,7 +116,7 @@ def test_summaries_reach_the_disk_before_they_replace_the_old_ones(tmp_path, mon
     )
     monkeypatch.setattr(os, "replace", lambda a, b: replaced.append((str(a), str(b))) or real_replace(a, b))
     run = RunDir(tmp_path)
-    run.write_summaries([point("a", "concurrency=1", 0.2)], {})
+    run.write_summaries([point("a", "concurrency=1", 0.2)], RunSettings())
     temporaries = [str(tmp_path / ".summary.json.tmp"), str(tmp_path / ".summary.csv.tmp")]
     assert synced == temporaries
     assert replaced == [(temporaries[0], str(run.summary)), (temporaries[1], str(run.summary_csv))]
@@ -124,7 +126,7 @@ def test_summaries_reach_the_disk_before_they_replace_the_old_ones(tmp_path, mon
 
     monkeypatch.setattr(os, "replace", full_disk)
     with pytest.raises(OSError, match="No space"):
-        run.write_summaries([], {})
+        run.write_summaries([], RunSettings())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.csv", "summary.json"]  # no temp files
 
 
@@ -149,7 +151,7 @@ def test_a_torn_last_record_is_dropped_on_read_and_on_resume(tmp_path):
     run = RunDir(tmp_path)
     whole = record_line("a", 0)
     run.records.write_text(whole + "\n" + record_line("a", 1)[:25])  # killed in the middle of a write
-    assert [r["index"] for r in run.read_records()] == [0]
+    assert [r.index for r in run.read_records()] == [0]
     run.keep_records_of({"a"})
     assert run.records.read_text() == whole + "\n"
 
@@ -182,13 +184,13 @@ def test_the_report_reads_runs_through_the_run_folder(tmp_path):
     run.path.mkdir()
     with pytest.raises(ValueError, match="is not a bench run"):
         load_run(run.path)
-    run.write_summaries([point("a", "concurrency=1", 0.2)], {"config": {"slo": None}})
+    run.write_summaries([point("a", "concurrency=1", 0.2)], RunSettings({"slo": None}))
     run.records.write_text(record_line("a", 0) + "\n" + '{"index": 1, "po')
     loaded = load_run(run.path)
-    assert (loaded.name, loaded.settings, [p["key"] for p in loaded.points]) == (
+    assert (loaded.name, loaded.settings, [p.key for p in loaded.points]) == (
         "my-run",
-        {"config": {"slo": None}},
+        RunSettings({"slo": None}),
         ["a"],
     )
-    assert [r["index"] for r in loaded.records] == [0] and loaded.records_of("a")[0]["point"] == "a"
-    assert json.loads(run.summary.read_text())["points"] == loaded.points
+    assert [r.index for r in loaded.records] == [0] and loaded.records_of("a")[0].point == "a"
+    assert json.loads(run.summary.read_text())["points"] == [p.to_json() for p in loaded.points]

@@ -47,7 +47,7 @@ def test_the_benchs_key_is_sent_but_written_nowhere(openai_endpoint, tokenizer, 
     assert openai_endpoint.auth == [f"Bearer {SECRET}"] * 3
     run = RunDir(tmp_path / "r")
     [point] = run.load_summaries()
-    assert point["failed"] == 1 and point["errors"] == ["HTTP 401: bad key ***"]
+    assert point.failed == 1 and point.errors == ["HTTP 401: bad key ***"]
     assert {"summary.json", "summary.csv", "requests.jsonl", "report.html"} <= {
         p.name for p in run.path.iterdir()
     }
@@ -90,9 +90,9 @@ def test_a_local_servers_key_goes_in_its_environment_not_its_command_line(
     assert guarded.env[API_KEY_ENV] == SECRET and API_KEY_ENV not in open_.env
     assert openai_endpoint.auth == [f"Bearer {SECRET}"] * 3 + [None] * 3  # the client sends that key
     run = RunDir(tmp_path / "r")
-    args = [p["server_args"] for p in run.load_summaries()]
+    args = [p.server_args for p in run.load_summaries()]
     assert args == [{"api-key": "***", "max-num-seqs": 2}, {"max_num_seqs": 4}]
-    servers = run.read_summary()["settings"]["config"]["servers"]
+    servers = run.read_summary().settings.config["servers"]
     assert servers[0]["args"] == {"api-key": "***", "max-num-seqs": 2}
     assert (run.path / "server-guarded.log").is_file()
     assert files_holding(run.path, SECRET) == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from llmopt.bench.schema import PointSummary, RunSettings
 from llmopt.cli.render import break_even_table, kl_table, quant_table, results_table, shape_bill_table
 from llmopt.cost.break_even import break_evens
 from llmopt.cost.conversation_shape import ConversationShape
@@ -61,7 +62,7 @@ def by_header(table: Table) -> dict[str, str]:
 
 
 def test_results_table_headers_and_cells():
-    table = results_table([POINT], "p90")
+    table = results_table([PointSummary.from_json(POINT)], "p90")
     headers = [c.header for c in table.columns]
     assert headers[:7] == ["server", "prompt", "output", "load", "ok", "failed", "reconn"]
     assert headers[9:20] == [
@@ -80,14 +81,14 @@ def test_results_table_headers_and_cells():
 
 def test_results_table_counts_structured_answers():
     point = {**POINT, "structured_valid": 5, "structured_truncated": 2, "structured_invalid": 1}
-    row = by_header(results_table([point]))
+    row = by_header(results_table([PointSummary.from_json(point)]))
     assert (row["JSON cut"], row["JSON bad"]) == ("2", "1")
 
 
 def test_results_table_without_goodput_or_latencies_shows_dashes():
     point = {**POINT, "ttft_ms": latency(None, None, None), "itl_ms": {"median": None}}
     del point["goodput"]
-    row = by_header(results_table([point]))
+    row = by_header(results_table([PointSummary.from_json(point)]))
     assert [row[h] for h in ("TTFT med", "TTFT p99", "ITL med", "goodput")] == ["-"] * 4
 
 
@@ -100,9 +101,9 @@ def test_report_point_table_is_the_console_table_less_its_extra_columns():
         "TTFT med (ms)", "TTFT p99 (ms)", "TPOT med (ms)", "ITL med (ms)", "ITL p99 (ms)", "tokens per chunk",
         "E2E med (ms)", "goodput (req/s)",
     ]  # fmt: skip
-    run = Run("r", None, {}, [POINT], [])
+    run = Run("r", None, RunSettings(), [PointSummary.from_json(POINT)], [])
     [row] = point_rows(run)
-    console = results_table([POINT], "p99")
+    console = results_table([PointSummary.from_json(POINT)], "p99")
     [console_row] = cells(console)
     total = [c.header for c in console.columns].index("total tok/s")  # console only
     assert row == console_row[:total] + console_row[total + 1 :]

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from llmopt.bench.schema import PointSummary, RequestRecord
 from llmopt.cost.from_run import conversations, mean_shape, served_workloads, slo_point
 from llmopt.cost.workload import Workload
 from llmopt.pricing import Usage
 
 
-def rec(prompt, output, cached=None, session=None, turn=None, point="p", success=True) -> dict:
-    return {
+def rec(prompt, output, cached=None, session=None, turn=None, point="p", success=True) -> RequestRecord:
+    line = {
+        "index": 0,
         "prompt_tokens": prompt,
         "output_tokens": output,
         "cached_tokens": cached,
@@ -20,6 +22,7 @@ def rec(prompt, output, cached=None, session=None, turn=None, point="p", success
         "point": point,
         "success": success,
     }
+    return RequestRecord.from_json(line)
 
 
 def test_records_become_conversations_in_turn_order():
@@ -50,7 +53,7 @@ def test_bad_counts_in_a_record_are_clamped_not_fatal():
     assert usage == Usage(10, 5, 10, 0)
 
 
-def point(load: int, throughput: float, attainment: float | None, server="s", ok=10) -> dict:
+def point(load: int, throughput: float, attainment: float | None, server="s", ok=10) -> PointSummary:
     p = {
         "key": f"{server}|{load}",
         "server": server,
@@ -62,17 +65,17 @@ def point(load: int, throughput: float, attainment: float | None, server="s", ok
     }
     if attainment is not None:
         p.update(slo={"ttft": 500.0}, slo_attainment=attainment)
-    return p
+    return PointSummary.from_json(p)
 
 
 def test_self_hosting_is_priced_at_the_busiest_point_within_the_slos():
     points = [point(1, 1.0, 1.0), point(4, 3.0, 0.95), point(16, 5.0, 0.5)]
     best, basis = slo_point(points)
-    assert best["concurrency"] == 4 and "within the SLOs" in basis
+    assert best.concurrency == 4 and "within the SLOs" in basis
     best, basis = slo_point([point(16, 5.0, 0.5)])
     assert best is None and "no point met the SLOs" in basis
     best, basis = slo_point([point(1, 1.0, None), point(4, 3.0, None, ok=0), point(2, 2.0, None)])
-    assert best["concurrency"] == 2 and "no SLO" in basis
+    assert best.concurrency == 2 and "no SLO" in basis
 
 
 def test_served_workloads_split_a_run_by_server_config():

@@ -105,8 +105,8 @@ connection_reuse = false
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     run = RunDir(tmp_path / "peer")
     [point] = run.load_summaries()
-    assert (point["server"], point["successful"]) == ("llama.cpp", 4)
-    assert run.read_summary()["settings"]["config"]["servers"][0]["engine"] == "llama.cpp"
+    assert (point.server, point.successful) == ("llama.cpp", 4)
+    assert run.read_summary().settings.config["servers"][0]["engine"] == "llama.cpp"
 
 
 @pytest.mark.model

@@ -6,13 +6,15 @@ import io
 
 from rich.console import Console
 
+from llmopt.bench.schema import PointSummary
 from llmopt.cli.render import results_table
 from llmopt.report.format import POINT_COLUMNS, PointColumn
 
 
 def test_a_flag_column_reads_yes_no_or_a_dash():
     column = PointColumn("sat", "saturated", flag=True)
-    assert [column.cell(p, "p99") for p in ({"saturated": True}, {"saturated": False}, {})] == [
+    points = [PointSummary.from_json(p) for p in ({"saturated": True}, {"saturated": False}, {})]
+    assert [column.cell(p, "p99") for p in points] == [
         "yes",
         "no",
         "-",
@@ -22,9 +24,10 @@ def test_a_flag_column_reads_yes_no_or_a_dash():
 def test_the_table_says_which_points_saturated_and_how_many_requests_their_latencies_count():
     by_header = {c.header: c for c in POINT_COLUMNS}
     point = {"saturated": True, "steady_state": {"kept": 32, "of": 40}}
-    assert by_header["sat"].cell(point, "p99") == "yes" and by_header["steady"].cell(point, "p99") == "32"
+    summary = PointSummary.from_json(point)
+    assert by_header["sat"].cell(summary, "p99") == "yes" and by_header["steady"].cell(summary, "p99") == "32"
     assert by_header["steady"].title("p99", report=True) == "steady state (requests)"
-    table = results_table([{**point, "server": "s", "load": "rate=4/s"}])
+    table = results_table([PointSummary.from_json({**point, "server": "s", "load": "rate=4/s"})])
     headers = [c.header for c in table.columns]
     assert "sat" in headers and list(table.columns[headers.index("sat")].cells) == ["yes"]
 
@@ -33,7 +36,9 @@ def test_a_file_or_pipe_gets_the_whole_table_however_many_columns():
     from llmopt.cli.render import natural_width
 
     point = {"server": "endpoint", "load": "concurrency=4", "saturated": False, "steady_state": {"kept": 6}}
-    table = results_table([{**point, "ttft_ms": {}, "itl_ms": {}, "tpot_ms": {}, "e2e_ms": {}}])
+    table = results_table(
+        [PointSummary.from_json({**point, "ttft_ms": {}, "itl_ms": {}, "tpot_ms": {}, "e2e_ms": {}})]
+    )
     out = Console(width=natural_width(table), file=io.StringIO())
     out.print(table)
     text = out.file.getvalue()

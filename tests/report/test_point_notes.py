@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt.bench.measure.steady_state import RULE
+from llmopt.bench.schema import PointSummary, RunSettings
 from llmopt.report.html import render
 from llmopt.report.point_notes import point_notes
 from llmopt.report.runs import Run, load_run
@@ -23,7 +24,8 @@ REASON = "TTFT 500 ms early (p10) -> 9,000 ms late (median); 3.5 -> 18.1 request
 
 
 def run_of(points: list[dict], settings: dict | None = None) -> Run:
-    return Run("r", Path("r"), settings or {}, points, [])
+    summaries = [PointSummary.from_json(p) for p in points]
+    return Run("r", Path("r"), RunSettings.from_json(settings or {}), summaries, [])
 
 
 def test_the_notes_state_the_rule_each_saturated_point_and_each_skipped_one():

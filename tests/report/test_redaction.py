@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary, RequestRecord, RunSettings
 from llmopt.report.html import run_settings, write_report
 from llmopt.report.runs import load_run
 
@@ -18,19 +18,19 @@ KEY = "local|prompt=8|output=5|concurrency=1"
 RECORD = RequestRecord(index=0, ttft=0.1, e2e=0.5, output_tokens=5, itl=[0.1] * 4, success=True)
 
 
-def old_point(args: dict) -> dict:
+def old_point(args: dict) -> PointSummary:
     summary = summarize([RECORD], 1.0)
     summary.update({"key": KEY, "server": "local", "prompt_len": 8})
     summary.update({"output_len": 5, "load": "concurrency=1", "concurrency": 1, "request_rate": None})
     summary.update({"model": "m", "endpoint": "http://127.0.0.1:1/v1", "server_args": args})
-    return summary
+    return PointSummary.from_json(summary)
 
 
 @pytest.mark.slow
 def test_a_key_in_old_server_args_is_not_in_the_report(tmp_path):
     run = RunDir(tmp_path / "old")
     run.path.mkdir()
-    run.write_summaries([old_point({"api-key": SECRET, "max-num-seqs": 2})], {"config": {"slo": None}})
+    run.write_summaries([old_point({"api-key": SECRET, "max-num-seqs": 2})], RunSettings({"slo": None}))
     run.records.write_text(RECORD.to_json(point=KEY) + "\n")
     out = write_report([run.path], tmp_path / "report.html")
     html = out.read_text()

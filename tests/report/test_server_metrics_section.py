@@ -95,7 +95,7 @@ def test_a_row_per_sampled_point_whichever_engine(run_dir):
 
 def test_the_busiest_sampled_point_is_drawn_with_its_first_runs_samples(run_dir):
     [(_, point, samples)] = chosen_points([load_run(run_dir)], 4)
-    assert point["load"] == "concurrency=1" and len(samples) == 6  # the busier point has no samples
+    assert point.load == "concurrency=1" and len(samples) == 6  # the busier point has no samples
     assert samples[2]["kv_cache_usage"] == 0.25 and samples[2]["prefix_cache_hit_rate"] == 0.25
 
 

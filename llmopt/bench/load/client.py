@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -28,6 +28,7 @@ from llmopt.bench.load.structured_answer import structured_outcome
 from llmopt.bench.load.token_count import TokenCounter, output_body, prompt_body
 from llmopt.bench.load.wire import API_PATHS, WireError, WireEvent
 from llmopt.bench.redact import redact_text
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.workload.bench_request import BenchRequest
 
 # A stream line longer than this fails its request: a server that never ends a line must not fill the
@@ -39,50 +40,6 @@ ERROR_BODY_BYTES = 64 * 2**10  # of a non-200 answer, enough for its message
 # lost before the response's status line (ServerDisconnectedError). Raised before any response byte, so
 # the request never ran: it is sent once more on a fresh connection, as the openai SDK retries it.
 NEVER_ANSWERED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-
-
-@dataclass
-class RequestRecord:
-    """What one request measured (times in seconds; `start` is relative to the load point's start)."""
-
-    index: int
-    start: float = 0.0
-    ttft: float | None = None
-    itl: list[float] = field(default_factory=list)
-    e2e: float | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int | None = None
-    # Of cached_tokens, those the server loaded from a disk tier (llmopt serve's usage field
-    # prompt_tokens_details.disk_cached_tokens); None where the server does not say.
-    disk_cached_tokens: int | None = None
-    cache_write_tokens: int = 0  # prompt tokens the server says it wrote to its cache (Anthropic's usage)
-    # A later turn of a Responses API session: True when it named the previous answer
-    # (previous_response_id), False when it replayed the whole history (the server refused chaining).
-    chained: bool | None = None
-    # Where the token counts are from (token_count.py): "usage" (the server's answer), "tokenize" (the
-    # server's /tokenize, for counts the answer left out) or "local" (the local tokenizer, for any other)
-    tokens_from: str = "usage"
-    status: int | None = None
-    error: str | None = None
-    success: bool = False
-    session: int | None = None  # multi-turn workloads: the session's number in its point
-    turn: int | None = None  # ... and the turn's index in its session (0 first)
-    # Sends that failed before any response byte and were made again on a fresh connection (0 or 1).
-    reconnects: int = 0
-    finish_reason: str | None = None  # the server's, e.g. "stop" or "length" (cut by max_tokens)
-    # Requests with a response_format: "valid", "truncated" (cut by max_tokens before the JSON ended) or
-    # "invalid" (not JSON, or not of the schema); None for free text
-    structured: str | None = None
-    # The answer's text: the next turn of a session sends it back. Not written to requests.jsonl.
-    text: str | None = None
-    # The answer's id: the next turn of a chained (Responses API) session names it. Not written either.
-    response_id: str | None = None
-
-    def to_json(self, **extra) -> str:
-        values = asdict(self)
-        del values["text"], values["response_id"]
-        return json.dumps({**values, **extra})
 
 
 @dataclass

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from llmopt.bench.load.arrivals import ARRIVALS, arrival_times
-from llmopt.bench.load.client import BenchRequest, RequestRecord
+from llmopt.bench.load.client import BenchRequest
 from llmopt.bench.load.self_check import ClientLoad, client_summary
 from llmopt.bench.observe.machine_meter import MachineUse
 from llmopt.bench.observe.server_metrics import ServerSample
+from llmopt.bench.schema import RequestRecord
 
 
 @dataclass

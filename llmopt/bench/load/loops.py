@@ -11,8 +11,9 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target, send, timed_session
+from llmopt.bench.load.client import BenchRequest, Target, send, timed_session
 from llmopt.bench.load.load_point import LoadPoint, warm_list
+from llmopt.bench.schema import RequestRecord
 
 
 async def warm_up(

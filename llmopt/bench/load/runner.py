@@ -13,7 +13,7 @@ from typing import IO
 
 import aiohttp
 
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import Collector, LoadPoint, PointResult, warm_list
 from llmopt.bench.load.loops import client_session, drive, warm_up
 from llmopt.bench.load.self_check import SelfCheck
@@ -21,6 +21,7 @@ from llmopt.bench.load.session import drive_sessions
 from llmopt.bench.load.stop_on_saturation import watching
 from llmopt.bench.load.workers import run_in_workers
 from llmopt.bench.observe.machine_meter import MachineMeter
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.workload.conversation import Conversation
 
 

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.load_point import LoadPoint, PointResult
+from llmopt.bench.schema import RequestRecord
 
 SAMPLES = 20  # instants at which the early and the late backlog are counted
 

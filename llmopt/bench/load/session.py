@@ -20,9 +20,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target, send
+from llmopt.bench.load.client import BenchRequest, Target, send
 from llmopt.bench.load.load_point import Collector, LoadPoint
 from llmopt.bench.load.loops import open_loop
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.workload.conversation import Conversation
 
 SENT = "sent"  # a point's tools went as `tools` throughout

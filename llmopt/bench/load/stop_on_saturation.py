@@ -22,6 +22,7 @@ from llmopt.bench.load.saturation import (
     one_at_a_time,
     sent_of,
 )
+from llmopt.bench.schema import PointSummary
 
 WATCH_INTERVAL_S = 1.0
 STOP_REASON = "saturated (--stop-on-saturation)"
@@ -74,16 +75,16 @@ def load_of(point: LoadPoint) -> tuple[str, float]:
     return axis, getattr(point, axis)
 
 
-def skip_reason(done: list[dict], server: str, cell: tuple[int, int, LoadPoint]) -> str | None:
+def skip_reason(done: list[PointSummary], server: str, cell: tuple[int, int, LoadPoint]) -> str | None:
     """Why the sweep skips the point of `cell` (prompt length, output length, load point): a finished
     point of its series at a lower load saturated (None: run it). `done` holds the run's finished point
     summaries, so a resumed run skips the same."""
     prompt_len, output_len, point = cell
     axis, load = load_of(point)
     for p in done:
-        same = (p["server"], p["prompt_len"], p["output_len"], p.get("stream", True), p.get("habit"))
+        same = (p.server, p.prompt_len, p.output_len, p.stream, p.habit)
         if same != (server, prompt_len, output_len, point.stream, point.habit):
             continue
-        if p.get("saturated") and p.get(axis) is not None and p[axis] < load:
-            return f"{p['load']} saturated ({p['saturation_reason']}), so no higher {axis} runs"
+        if p.saturated and p.figure(axis) is not None and p.figure(axis) < load:
+            return f"{p.load} saturated ({p.saturation_reason}), so no higher {axis} runs"
     return None

@@ -37,13 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmopt.bench.bench_error import BenchError
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import Collector, LoadPoint, PointResult
 from llmopt.bench.load.loops import client_session, drive, warm_up
 from llmopt.bench.load.self_check import SelfCheck
 from llmopt.bench.load.session import drive_sessions, pooled_tools
 from llmopt.bench.load.stop_on_saturation import watching
 from llmopt.bench.observe.machine_meter import MachineMeter
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.workload.conversation import Conversation
 
 START_LEAD_S = 0.05  # between setting the common start and reaching it: every worker is waiting by then

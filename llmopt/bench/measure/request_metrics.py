@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from llmopt.bench.distribution import DEFAULT_PERCENTILES, distribution
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.structured_answer import OUTCOMES
 from llmopt.bench.load.token_count import TOKEN_SOURCES
 from llmopt.bench.measure.steady_state import SteadyState, steady_state
+from llmopt.bench.schema import RequestRecord
 from llmopt.pricing import TokenSums
 
 if TYPE_CHECKING:

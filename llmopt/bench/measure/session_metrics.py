@@ -9,7 +9,7 @@ every turn; and turns per second over the point's wall time."""
 from __future__ import annotations
 
 from llmopt.bench.distribution import DEFAULT_PERCENTILES, distribution
-from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.schema import RequestRecord
 from llmopt.pricing import TokenSums
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmopt.bench.load.client import RequestRecord
+from llmopt.bench.schema import RequestRecord
 
 STEADY_MIN_REQUESTS = 20
 STEADY_EDGE = 0.10

@@ -8,6 +8,8 @@ import math
 from collections.abc import Generator
 from dataclasses import dataclass
 
+from llmopt.bench.schema import PointSummary, SearchProbe
+
 
 @dataclass
 class GoodputSearch:
@@ -18,12 +20,12 @@ class GoodputSearch:
     tolerance: float = 0.1  # rates: stop once the bracket is narrower than this share of its low end
     max_probes: int = 16
 
-    def meets(self, summary: dict) -> bool:
+    def meets(self, summary: PointSummary) -> bool:
         """Whether a probe's point met every SLO at the percentile (a failed request misses them all)."""
-        if summary["failed"] or not summary["successful"]:
+        if summary.failed or not summary.successful:
             return False
         for name, limit in self.slo.items():
-            value = summary[f"{name}_ms"].get(f"p{self.percentile:g}")
+            value = summary.figure(f"{name}_ms", f"p{self.percentile:g}")
             if value is None or value > limit * 1000:
                 return False
         return True
@@ -55,27 +57,27 @@ class GoodputSearch:
 
 @dataclass
 class SearchResult:
-    probes: list[dict]  # the probes' point summaries, in the order they ran
+    probes: list[PointSummary]  # the probes' point summaries, in the order they ran
     answer: float | None  # None: no probe met the SLOs (or the search did not finish)
     finished: bool
 
 
-def run_search(search: GoodputSearch) -> Generator[float, dict | None, SearchResult]:
+def run_search(search: GoodputSearch) -> Generator[float, PointSummary | None, SearchResult]:
     """Probe until done: yields each probe's load and is sent back that probe's point summary (None: it
     cannot be measured now, and the search stops unfinished); returns the result. The caller measures,
-    so a probe is kept in the run before the next is chosen. Each summary gets a "search" entry: its
+    so a probe is kept in the run before the next is chosen. Each summary gets a `search` block: its
     probe number, whether it met the SLOs, and whether its load is the answer."""
     history: list[tuple[float, bool]] = []
-    probes: list[dict] = []
+    probes: list[PointSummary] = []
     while (load := search.next_load(history)) is not None:
         summary = yield load
         if summary is None:
             return SearchResult(probes, None, False)
         ok = search.meets(summary)
-        summary["search"] = {"probe": len(history), "load": load, "meets_slo": ok, "answer": False}
+        summary.search = SearchProbe(len(history), load, ok, False)
         history.append((load, ok))
         probes.append(summary)
     answer = search.answer(history)
     for summary in probes:
-        summary["search"]["answer"] = summary["search"]["load"] == answer
+        summary.search.answer = summary.search.load == answer
     return SearchResult(probes, answer, True)

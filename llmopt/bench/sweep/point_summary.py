@@ -15,6 +15,7 @@ from llmopt.bench.measure.request_metrics import summarize_results
 from llmopt.bench.measure.session_metrics import summarize_sessions
 from llmopt.bench.measure.token_cost import decode_read_fields, token_cost_fields
 from llmopt.bench.observe.server_metrics import summarize_samples
+from llmopt.bench.schema import PointSummary
 from llmopt.bench.sweep.matrix import Cell, point_key
 from llmopt.bench.sweep.point_runs import measure
 from llmopt.bench.sweep.repeats import repeat_summary
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 def run_cell(
     sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None, index: int, cell: Cell
-) -> dict:
+) -> PointSummary:
     """Run one load point of one server (--num-runs times) and return its summary: the runs' records
     pooled, and with several runs each headline metric's mean and confidence interval (repeats.py)."""
     measured = measure(sweep, target, server_name, spec, index, cell, range(sweep.config.load.num_runs))
@@ -36,7 +37,7 @@ def run_cell(
 
 def summarize_runs(
     sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None, cell: Cell, measured: Measured
-) -> dict:
+) -> PointSummary:
     """A point's summary from its runs: their records pooled, and with several runs each headline
     metric's mean and confidence interval over them (repeats.py)."""
     config, runs = sweep.config, measured.runs
@@ -78,4 +79,4 @@ def summarize_runs(
             **decode_read_fields([run.result.machine for run in runs], summary["itl_ms"]["median"]),
         }
     )
-    return summary
+    return PointSummary.from_json(summary)

@@ -16,12 +16,13 @@ import dataclasses
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from llmopt.bench.load.client import RequestRecord, Target
+from llmopt.bench.load.client import Target
 from llmopt.bench.load.load_point import Measured, PointResult, Run
 from llmopt.bench.load.self_check import ClientLoad
 from llmopt.bench.observe.machine_meter import MachineUse
 from llmopt.bench.observe.server_metrics import ServerSample
 from llmopt.bench.observe.server_stats import SPEC_COUNTERS, spec_delta
+from llmopt.bench.schema import PointSummary, Repeats, RequestRecord
 from llmopt.bench.servers.server_lifecycle import serving
 from llmopt.bench.sweep.matrix import Cell, MatrixEntry, habit_fields, matrix, point_key
 from llmopt.bench.sweep.point_runs import measure
@@ -31,8 +32,6 @@ from llmopt.bench.sweep.repeats import repeat_summary
 if TYPE_CHECKING:
     from llmopt.bench.servers.server_spec import ServerSpec
     from llmopt.bench.sweep.sweep_state import Sweep
-
-RECORD_FIELDS = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 
 def round_repeats(round_: int, num_runs: int) -> range:
@@ -58,15 +57,11 @@ def round_entry(key: str, round_: int, measured: Measured) -> dict:
     return {"point": key, "round": round_, "spec": measured.spec, "runs": runs}
 
 
-def measured_from(entry: dict, records: list[dict]) -> Measured:
-    """A round read back from its rounds.jsonl entry and the run's records (requests.jsonl lines)."""
+def measured_from(entry: dict, records: list[RequestRecord]) -> Measured:
+    """A round read back from its rounds.jsonl entry and the run's records (requests.jsonl's)."""
     runs = []
     for data in entry["runs"]:
-        mine = [
-            RequestRecord(**{k: v for k, v in r.items() if k in RECORD_FIELDS})
-            for r in records
-            if r.get("point") == entry["point"] and r.get("run") == data["repeat"]
-        ]
+        mine = [r for r in records if r.point == entry["point"] and r.run == data["repeat"]]
         result = dict(data["result"])
         result["client"] = [ClientLoad(**load) for load in result.get("client") or []]
         result["machine"] = MachineUse(**result["machine"]) if result.get("machine") else None
@@ -84,7 +79,7 @@ def measured_from(entry: dict, records: list[dict]) -> Measured:
 
 
 def finished_rounds(
-    entries: list[dict], records: list[dict], done: set[str]
+    entries: list[dict], records: list[RequestRecord], done: set[str]
 ) -> dict[str, dict[int, Measured]]:
     """{point key: {round: Measured}} of the rounds that finished for points not yet done."""
     out: dict[str, dict[int, Measured]] = {}
@@ -105,7 +100,7 @@ def total_spec(rounds: list[Measured]) -> dict[str, float] | None:
     return spec_delta({}, {k: sum(s.get(k) or 0 for s in grown) for k in SPEC_COUNTERS}) if grown else None
 
 
-def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> Iterator[dict]:
+def run_rounds(sweep: Sweep, targets: list[tuple[str, ServerSpec | None]]) -> Iterator[PointSummary]:
     """Round 1 of every server config, each started, benched and stopped in turn, then round 2 of
     every one, ...; a resumed run skips the rounds it has. Yields each point's summary after its last
     round, while its server still runs (the sweep keeps it in the run before the next point)."""
@@ -135,7 +130,7 @@ def run_round(
     entry: MatrixEntry,
     round_: int,
     kept: dict[str, dict[int, Measured]],
-) -> dict | None:
+) -> PointSummary | None:
     """One round of one point, kept in the run folder; after its last round, the point's summary
     (None before)."""
     server_name, spec = server
@@ -152,7 +147,7 @@ def run_round(
         cell_sweep, target, server_name, spec, entry.cell, [rounds[r] for r in sorted(rounds)]
     )
     if entry.habit is not None:
-        summary.update(habit_fields(sweep.config, server_name, entry))
+        summary = dataclasses.replace(summary, **habit_fields(sweep.config, server_name, entry))
     return summary
 
 
@@ -163,16 +158,14 @@ def summarize_rounds(
     spec: ServerSpec | None,
     cell: Cell,
     rounds: list[Measured],
-) -> dict:
+) -> PointSummary:
     """A point's summary over its rounds: every round's records pooled, and each headline metric's
     value in each round with their mean, spread and interval (repeats.py, over rounds, not runs)."""
     runs = [run for measured in rounds for run in measured.runs]
     measured = Measured(runs, total_spec(rounds))
     summary = summarize_runs(sweep, target, server_name, spec, cell, measured)
     per_round = [[run.result for run in m.runs] for m in rounds]
-    summary["repeats"] = {
-        **repeat_summary(per_round, sweep.slo, sweep.config.load.percentiles),
-        "over": "rounds",
-    }
-    summary["rounds"] = len(rounds)
+    repeats = repeat_summary(per_round, sweep.slo, sweep.config.load.percentiles)
+    summary.repeats = Repeats.from_json({**repeats, "over": "rounds"})
+    summary.rounds = len(rounds)
     return summary

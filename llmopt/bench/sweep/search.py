@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmopt.bench.load.client import Target
+from llmopt.bench.schema import GoodputAnswer, PointSummary
 from llmopt.bench.sweep.goodput_search import SearchResult, run_search
 from llmopt.bench.sweep.matrix import point_key
 from llmopt.bench.sweep.point_summary import run_cell
@@ -23,41 +24,41 @@ if TYPE_CHECKING:
 
 @dataclass
 class SearchAnswer:
-    """One length's search finished: its entry of the run's settings ("search")."""
+    """One length's search finished: its entry of the run's settings (`search`)."""
 
-    entry: dict
+    entry: GoodputAnswer
 
 
 def run_searches(
     sweep: Sweep, target: Target, server_name: str, spec: ServerSpec | None
-) -> Iterator[dict | SearchAnswer]:
+) -> Iterator[PointSummary | SearchAnswer]:
     """The goodput search for each prompt and output length, every probe a point of the run. Yields
     each probe it measured as it finishes (the sweep keeps it in the run before the next probe runs),
     and each length's answer (the sweep records it in the run's settings); each probe's summary says
     whether it is the answer."""
     config = sweep.config
-    done = {p["key"]: p for p in sweep.points}
+    done = {p.key: p for p in sweep.points}
     lengths = itertools.product(config.workload.prompt_lens, config.workload.output_lens)
     for number, (prompt_len, output_len) in enumerate(lengths):
         cells = (server_name, spec, number, prompt_len, output_len)
         result = yield from search_length(sweep, target, cells, done)
-        answer = next((p for p in result.probes if p["search"]["answer"]), None)
-        entry = {
-            "server": server_name,
-            "prompt_len": prompt_len,
-            "output_len": output_len,
-            "slo": config.load.goodput_search,
-            "percentile": config.load.search_percentile,
-            "answer": result.answer,
-            "answer_key": answer["key"] if answer else None,
-            "probes": [p["key"] for p in result.probes],
-        }
+        answer = next((p for p in result.probes if p.search.answer), None)
+        entry = GoodputAnswer(
+            server=server_name,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            slo=config.load.goodput_search,
+            percentile=config.load.search_percentile,
+            answer=result.answer,
+            answer_key=answer.key if answer else None,
+            probes=[p.key for p in result.probes],
+        )
         yield SearchAnswer(entry)
 
 
 def search_length(
-    sweep: Sweep, target: Target, cells: tuple, done: dict[str, dict]
-) -> Generator[dict, None, SearchResult]:
+    sweep: Sweep, target: Target, cells: tuple, done: dict[str, PointSummary]
+) -> Generator[PointSummary, None, SearchResult]:
     """One length's search: each probe's point measured (or, resumed, read from the run's finished
     points) and, when measured here, yielded; returns the search's result."""
     server_name, spec, number, prompt_len, output_len = cells

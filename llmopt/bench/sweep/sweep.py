@@ -11,6 +11,7 @@ its summary point_summary.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.load.stop_on_saturation import skip_reason
 from llmopt.bench.rundir import RunDir, machine_info
+from llmopt.bench.schema import PointSummary, RunSettings, RunSummary, SkippedPoint
 from llmopt.bench.servers.quantized_serve import prepare_servers
 from llmopt.bench.servers.server_lifecycle import serving
 from llmopt.bench.slo import parse_slo
@@ -37,9 +39,9 @@ def run_sweep(
     resume: bool,
     tokenizer,
     on_point_start: PointStart | None = None,
-    on_point_done: Callable[[dict], None] | None = None,
+    on_point_done: Callable[[PointSummary], None] | None = None,
     on_point_skipped: Callable[[str, str], None] | None = None,
-) -> list[dict]:
+) -> list[PointSummary]:
     """Run every point not yet done; return all point summaries of the run (old and new)."""
     config.validate()
     for server in config.servers:  # every peer installed, before a run folder or server is made
@@ -47,16 +49,16 @@ def run_sweep(
     run = RunDir(run_dir)
     recorded = config.recorded()
     done = open_run(run, resume, recorded)
-    settings = {
-        "config": recorded,
-        "started": dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": machine_info(),
-    }
+    settings = RunSettings(
+        config=recorded,
+        started=dt.datetime.now().isoformat(timespec="seconds"),
+        machine=machine_info(),
+    )
     # Quantized configs are served from checkpoints made (or found in the cache) before any point runs.
     cache = Path(config.target.quantized_cache) if config.target.quantized_cache else None
     servers, quantized = prepare_servers(config.servers, cache)
     if quantized:
-        settings["quantization"] = quantized
+        settings.quantization = quantized
     targets: list[tuple[str, ServerSpec | None]] = [(s.name, s) for s in servers] or [("endpoint", None)]
     with run.open_records() as records_out:
         sweep = Sweep(
@@ -67,7 +69,7 @@ def run_sweep(
             slo=parse_slo(config.load.slo),
             records_out=records_out,
             points=done[:],
-            done_keys={p["key"] for p in done},
+            done_keys={p.key for p in done},
             on_point_start=on_point_start,
         )
         told = Notices(on_point_done, on_point_skipped)
@@ -85,11 +87,11 @@ class Notices:
     """What the caller (the CLI's progress) is told as the run goes. Only this module tells it: the
     rounds and the search below return what they finished, and the sweep keeps it and tells."""
 
-    on_point_done: Callable[[dict], None] | None = None
+    on_point_done: Callable[[PointSummary], None] | None = None
     on_point_skipped: Callable[[str, str], None] | None = None  # (key, why): --stop-on-saturation
 
 
-def finish_point(sweep: Sweep, told: Notices, summary: dict) -> None:
+def finish_point(sweep: Sweep, told: Notices, summary: PointSummary) -> None:
     """A finished point kept in the run (summary.json rewritten at once, so a crash keeps it)."""
     sweep.points.append(summary)
     sweep.run.write_summaries(sweep.points, sweep.settings)
@@ -97,7 +99,7 @@ def finish_point(sweep: Sweep, told: Notices, summary: dict) -> None:
         told.on_point_done(summary)
 
 
-def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
+def open_run(run: RunDir, resume: bool, config: dict) -> list[PointSummary]:
     """Make the run folder; on resume check that `config` (as recorded) is the run's, return its
     finished points and drop the records of the others."""
     if run.holds_files() and not resume:
@@ -105,10 +107,10 @@ def open_run(run: RunDir, resume: bool, config: dict) -> list[dict]:
             f"{run.path} already holds a run: pass --resume to continue it, or another --run-name"
         )
     run.path.mkdir(parents=True, exist_ok=True)
-    summary = run.read_summary() if resume else {"settings": {}, "points": []}
-    check_resumable(summary["settings"].get("config") or {}, config)
-    done = summary["points"]
-    run.keep_records_of({p["key"] for p in done}, finished_runs(run.read_rounds()))
+    summary = run.read_summary() if resume else RunSummary()
+    check_resumable(summary.settings.config, config)
+    done = summary.points
+    run.keep_records_of({p.key for p in done}, finished_runs(run.read_rounds()))
     return done
 
 
@@ -120,7 +122,7 @@ def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec |
         with serving(config.target, config.load, sweep.run, server_name, spec) as target:
             for found in run_searches(sweep, target, server_name, spec):
                 if isinstance(found, SearchAnswer):
-                    sweep.settings.setdefault("search", []).append(found.entry)
+                    sweep.settings.search = [*(sweep.settings.search or []), found.entry]
                     sweep.run.write_summaries(sweep.points, sweep.settings)
                 else:
                     finish_point(sweep, told, found)
@@ -139,7 +141,7 @@ def run_server(sweep: Sweep, told: Notices, server_name: str, spec: ServerSpec |
                 continue
             summary = run_cell(sweep.for_entry(entry), target, server_name, spec, index, entry.cell)
             if entry.habit is not None:
-                summary.update(habit_fields(config, server_name, entry))
+                summary = dataclasses.replace(summary, **habit_fields(config, server_name, entry))
             finish_point(sweep, told, summary)
 
 
@@ -150,7 +152,7 @@ def skipped(sweep: Sweep, told: Notices, server_name: str, cell: Cell) -> bool:
     if reason is None:
         return False
     key = point_key(server_name, *cell)
-    sweep.settings.setdefault("skipped", []).append({"key": key, "reason": reason})
+    sweep.settings.skipped = [*(sweep.settings.skipped or []), SkippedPoint(key, reason)]
     sweep.run.write_summaries(sweep.points, sweep.settings)
     if told.on_point_skipped:
         told.on_point_skipped(key, reason)

@@ -12,6 +12,7 @@ from typing import IO
 
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary, RunSettings
 from llmopt.bench.sweep.bench_config import BenchConfig
 from llmopt.bench.sweep.matrix import MatrixEntry
 
@@ -26,10 +27,10 @@ class Sweep:
     config: BenchConfig
     run: RunDir
     tokenizer: object
-    settings: dict
+    settings: RunSettings
     slo: dict[str, float]
     records_out: IO[str]
-    points: list[dict]  # every finished point of the run, old and new, in order
+    points: list[PointSummary]  # every finished point of the run, old and new, in order
     done_keys: set[str]  # the points finished before this session (on resume)
     # The CLI's progress for a point's records: the one hook handed down (point_runs.py calls it as a
     # point starts); what finished comes back up as return values (rounds.py, search.py).

@@ -15,6 +15,7 @@ from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.messages_wire import anthropic_messages, messages_payload
 from llmopt.bench.load.responses_wire import input_items, responses_payload
 from llmopt.bench.load.runner import run_point
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.sweep.bench_config import BenchConfig
 from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
@@ -124,7 +125,7 @@ def test_a_messages_answer_is_read_into_the_record_with_its_cache_read_and_write
     assert first.output_tokens == 3 and first.finish_reason in ("length", "stop")
     assert json.loads(first.to_json())["cache_write_tokens"] == 2
     assert openai_endpoint.auth[0] == "Bearer k"  # and x-api-key, which Anthropic's API reads
-    bill = usage_of(json.loads(first.to_json()), writes=False)
+    bill = usage_of(RequestRecord.from_json(json.loads(first.to_json())), writes=False)
     assert (bill.prompt_tokens, bill.cached_tokens, bill.cache_write_tokens) == (10, 5, 2)
 
 
@@ -164,8 +165,8 @@ def agent_config(endpoint: str, api: str) -> BenchConfig:
 
 def test_responses_sessions_are_chained_by_previous_response_id(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(agent_config(openai_endpoint.url, "responses"), tmp_path / "r", False, tokenizer)
-    assert point["successful"] == 3 and point["cached_tokens"] == 3 * 4
-    assert (point["chained_turns"], point["replayed_turns"]) == (2, 0)
+    assert point.successful == 3 and point.cached_tokens == 3 * 4
+    assert (point.chained_turns, point.replayed_turns) == (2, 0)
     bodies = [body for _, body in openai_endpoint.seen]
     assert "previous_response_id" not in bodies[0] and bodies[0]["store"] is True
     assert [b.get("previous_response_id") for b in bodies[1:]] == ["resp_1", "resp_2"]
@@ -182,8 +183,8 @@ def test_a_server_that_refuses_chaining_gets_the_whole_history(openai_endpoint, 
     refusal = answer(400, '{"error": {"message": "llama.cpp does not support \'previous_response_id\'."}}')
     openai_endpoint.replies += [responses_answer, refusal, responses_answer, responses_answer]
     [point] = run_sweep(agent_config(openai_endpoint.url, "responses"), tmp_path / "r", False, tokenizer)
-    assert point["successful"] == 3 and point["failed"] == 0  # the refused turn was sent again, not failed
-    assert (point["chained_turns"], point["replayed_turns"]) == (0, 2)
+    assert point.successful == 3 and point.failed == 0  # the refused turn was sent again, not failed
+    assert (point.chained_turns, point.replayed_turns) == (0, 2)
     bodies = [body for _, body in openai_endpoint.seen]
     assert [("previous_response_id" in b, len(b["input"])) for b in bodies] == [
         (False, 1),
@@ -196,7 +197,7 @@ def test_a_server_that_refuses_chaining_gets_the_whole_history(openai_endpoint, 
 @pytest.mark.parametrize("api", ["messages", "chat"])
 def test_other_apis_replay_the_whole_history(openai_endpoint, tokenizer, tmp_path, api):
     [point] = run_sweep(agent_config(openai_endpoint.url, api), tmp_path / "r", False, tokenizer)
-    assert point["successful"] == 3
+    assert point.successful == 3
     bodies = [body for _, body in openai_endpoint.seen]
     assert [len(b["messages"]) for b in bodies] == (
         [1, 3, 5] if api == "messages" else [2, 4, 6]

@@ -9,9 +9,10 @@ import json
 import pytest
 
 from llmopt.bench.load import client
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.runner import run_point
+from llmopt.bench.schema import RequestRecord
 from tests.bench.conftest import content, hang_up, sse
 
 USAGE = b'{"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}'

@@ -33,10 +33,10 @@ def test_a_stalled_stream_fails_its_request_after_the_timeout(openai_endpoint, t
         config_for(openai_endpoint.url, request_timeout=0.5), tmp_path / "r", False, tokenizer
     )
     assert time.perf_counter() - started < 10
-    assert (point["successful"], point["failed"]) == (1, 1)
-    [error] = point["errors"]
+    assert (point.successful, point.failed) == (1, 1)
+    [error] = point.errors
     assert error.startswith("timeout: nothing received for 0.5 s")
-    assert RunDir(tmp_path / "r").read_summary()["settings"]["config"]["request_timeout"] == 0.5
+    assert RunDir(tmp_path / "r").read_summary().settings.config["request_timeout"] == 0.5
 
 
 @pytest.mark.slow
@@ -44,7 +44,7 @@ def test_a_slow_steady_stream_is_no_timeout(openai_endpoint, tokenizer, tmp_path
     openai_endpoint.replies.append(stall(gap_s=0.2, chunks=6, then_stop=False))  # 1.2 s in all
     config = config_for(openai_endpoint.url, request_timeout=0.6, num_requests=1)
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert point["successful"] == 1 and point["e2e_ms"]["mean"] > 1000
+    assert point.successful == 1 and point.e2e_ms["mean"] > 1000
 
 
 def test_the_timeout_is_a_flag_and_a_recipe_key(tmp_path, monkeypatch):

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import LoadPoint, PointResult
 from llmopt.bench.load.runner import run_point
 from llmopt.bench.load.saturation import run_verdict, saturation_fields
+from llmopt.bench.schema import RequestRecord
 from tests.bench.conftest import Capacity
 
 

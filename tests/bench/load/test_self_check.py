@@ -16,6 +16,7 @@ from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.runner import run_point
 from llmopt.bench.load.self_check import ClientLoad, SelfCheck, client_summary
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary
 from llmopt.bench.sweep.bench_config import BenchConfig
 from llmopt.bench.sweep.sweep import run_sweep
 from llmopt.checkpoints import load_tokenizer
@@ -95,11 +96,11 @@ def test_the_summaries_carry_the_self_check(openai_endpoint, tokenizer_dir, tmp_
         warmup=0,
     )
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
-    assert point["client"]["workers"] == 1 and point["client_limited"] is point["client"]["limited"]
-    assert point["client"]["cpu"] is not None and point["client"]["loop_lag_ms"]["p99"] is not None
+    assert point.client.workers == 1 and point.client_limited is point.client.limited
+    assert point.client.cpu is not None and point.client.loop_lag_ms["p99"] is not None
     [row] = list(csv.DictReader(io.StringIO(RunDir(tmp_path / "run").summary_csv.read_text())))
-    assert row["client_workers"] == "1" and float(row["client_cpu"]) == point["client"]["cpu"]
-    assert row["client_limited"] == str(point["client_limited"])
+    assert row["client_workers"] == "1" and float(row["client_cpu"]) == point.client.cpu
+    assert row["client_limited"] == str(point.client_limited)
 
 
 def test_the_cli_warns_of_a_client_limited_point():
@@ -107,9 +108,10 @@ def test_the_cli_warns_of_a_client_limited_point():
     console = Console(file=out, width=300)
     point = {"key": "endpoint|prompt=8|output=2|concurrency=64", "failed": 0}
     block = client_summary([ClientLoad(lag_s=[0.05] * 10, cpu_s=0.97, wall_s=1.0)])
-    print_point_notes(console, {**point, "client": block, "client_limited": True})
+    print_point_notes(console, PointSummary.from_json({**point, "client": block, "client_limited": True}))
     text = out.getvalue()
     assert "concurrency=64: warning: client-limited" in text and "97%" in text and "--workers" in text
     out.truncate(0)
-    print_point_notes(console, {**point, "client": client_summary([ClientLoad([0.0001], 0.1, 1.0)])})
+    quiet = client_summary([ClientLoad([0.0001], 0.1, 1.0)])
+    print_point_notes(console, PointSummary.from_json({**point, "client": quiet}))
     assert "client-limited" not in out.getvalue()

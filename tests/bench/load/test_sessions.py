@@ -55,7 +55,7 @@ def bodies(endpoint) -> list[dict]:
 def test_each_turn_replays_the_whole_history_with_the_answers(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(sessions_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
     sent = bodies(openai_endpoint)
-    assert len(sent) == 12 and point["successful"] == 12 and point["load"] == "sessions=2"
+    assert len(sent) == 12 and point.successful == 12 and point.load == "sessions=2"
     systems = {body["messages"][0]["content"] for body in sent}
     assert len(systems) == 1 and all(body["messages"][0]["role"] == "system" for body in sent)
     # A request of turn k: system, then k (user, assistant) pairs, then the turn's user text; every
@@ -80,10 +80,10 @@ def test_sessions_are_the_unit_of_concurrency_and_turns_go_one_at_a_time(
     openai_endpoint.replies.extend(stall(gap_s=0.05, chunks=2, then_stop=False) for _ in range(12))
     run_sweep(sessions_config(openai_endpoint.url, think_time=0.1), tmp_path / "r", False, tokenizer)
     records = RunDir(tmp_path / "r").read_records()
-    assert len(records) == 12 and all(r["success"] for r in records)
+    assert len(records) == 12 and all(r.success for r in records)
     spans = {}
     for r in records:
-        spans.setdefault(r["session"], []).append((r["turn"], r["start"], r["start"] + r["e2e"]))
+        spans.setdefault(r.session, []).append((r.turn, r.start, r.start + r.e2e))
     assert sorted(spans) == [0, 1, 2, 3]
     for turns in spans.values():
         turns.sort()
@@ -98,29 +98,29 @@ def test_sessions_are_the_unit_of_concurrency_and_turns_go_one_at_a_time(
 def test_a_failed_turn_ends_its_session_only(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.append(answer(500, json.dumps({"error": {"message": "boom"}})))
     [point] = run_sweep(sessions_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
-    assert (point["requests"], point["failed"]) == (1 + 3 * 3, 1)
-    sessions = point["conversations"]
-    assert (sessions["started"], sessions["completed"], sessions["failed"]) == (4, 3, 1)
+    assert (point.requests, point.failed) == (1 + 3 * 3, 1)
+    sessions = point.conversations
+    assert (sessions.started, sessions.completed, sessions.failed) == (4, 3, 1)
     records = RunDir(tmp_path / "r").read_records()
-    [failed] = [r for r in records if not r["success"]]
-    assert failed["turn"] == 0 and [r for r in records if r["session"] == failed["session"]] == [failed]
+    [failed] = [r for r in records if not r.success]
+    assert failed.turn == 0 and [r for r in records if r.session == failed.session] == [failed]
 
 
 @pytest.mark.slow
 def test_per_turn_and_per_session_figures_reach_the_summaries(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(sessions_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
-    assert [t["turn"] for t in point["turns"]] == [0, 1, 2]
-    assert all(t["requests"] == t["successful"] == 4 and t["ttft_ms"]["median"] > 0 for t in point["turns"])
-    assert all(t["cached_fraction"] is None for t in point["turns"])  # the scripted server says nothing
-    sessions = point["conversations"]
-    assert sessions["completed"] == 4 and sessions["conversation_ms"]["median"] > 0
-    assert sessions["turns_per_s"] == pytest.approx(12 / point["duration_s"])
+    assert [t.turn for t in point.turns] == [0, 1, 2]
+    assert all(t.requests == t.successful == 4 and t.ttft_ms["median"] > 0 for t in point.turns)
+    assert all(t.cached_fraction is None for t in point.turns)  # the scripted server says nothing
+    sessions = point.conversations
+    assert sessions.completed == 4 and sessions.conversation_ms["median"] > 0
+    assert sessions.turns_per_s == pytest.approx(12 / point.duration_s)
     run = RunDir(tmp_path / "r")
     [row] = list(csv.DictReader(run.summary_csv.read_text().splitlines()))
     assert (row["sessions"], row["sessions_completed"], row["load"]) == ("2", "4", "sessions=2")
     turns = list(csv.DictReader(run.turns_csv.read_text().splitlines()))
     assert [(r["key"], r["turn"], r["requests"]) for r in turns] == [
-        (point["key"], str(k), "4") for k in range(3)
+        (point.key, str(k), "4") for k in range(3)
     ]
     html = write_report([run.path], tmp_path / "report.html").read_text()
     assert "<h4>Multi-turn sessions</h4>" in html and "Multi-turn sessions by turn" in html
@@ -132,8 +132,8 @@ def test_a_session_rate_starts_sessions_at_that_rate(openai_endpoint, tokenizer,
     )
     config.load.num_requests = 4
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert point["load"] == "session-rate=20/s" and point["session_rate"] == 20.0
-    starts = sorted(r["start"] for r in RunDir(tmp_path / "r").read_records())
+    assert point.load == "session-rate=20/s" and point.session_rate == 20.0
+    starts = sorted(r.start for r in RunDir(tmp_path / "r").read_records())
     assert len(starts) == 4
     assert all(abs(s - i / 20) < 0.04 for i, s in enumerate(starts)), starts
 
@@ -144,7 +144,7 @@ def agent_config(endpoint: str) -> BenchConfig:
 
 def test_agent_turns_carry_a_tool_call_and_its_result(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(agent_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
-    assert point["tools"] == "sent" and point["successful"] == 3
+    assert point.tools == "sent" and point.successful == 3
     first, second, third = bodies(openai_endpoint)
     names = [t["function"]["name"] for t in first["tools"]]
     assert all(name in first["messages"][0]["content"] for name in names)  # the system prompt lists them
@@ -165,8 +165,8 @@ def test_agent_turns_carry_a_tool_call_and_its_result(openai_endpoint, tokenizer
 def test_agent_tools_refused_are_sent_as_text_and_said_so(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.append(answer(400, TOOLS_REFUSED))
     [point] = run_sweep(agent_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
-    assert point["tools"].startswith("refused by the server (HTTP 400: tools is not supported")
-    assert (point["requests"], point["successful"], point["failed"]) == (3, 3, 0)  # the refusal is no record
+    assert point.tools.startswith("refused by the server (HTTP 400: tools is not supported")
+    assert (point.requests, point.successful, point.failed) == (3, 3, 0)  # the refusal is no record
     refused, *sent = bodies(openai_endpoint)
     assert "tools" in refused and len(sent) == 3
     assert all("tools" not in body for body in sent)
@@ -246,8 +246,8 @@ def test_a_recipe_and_the_flags_set_the_session_and_traffic_settings(tmp_path):
 
 
 def test_session_summary_figures_from_records():
-    from llmopt.bench.load.client import RequestRecord
     from llmopt.bench.measure.session_metrics import summarize_sessions
+    from llmopt.bench.schema import RequestRecord
 
     def turn(session: int, k: int, start: float, cached: int | None, success: bool = True) -> RequestRecord:
         return RequestRecord(

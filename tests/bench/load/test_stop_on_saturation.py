@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.load.load_point import Collector, LoadPoint
 from llmopt.bench.load.stop_on_saturation import STOP_REASON, sent_so_far, skip_reason
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary, RequestRecord, SkippedPoint
 from llmopt.bench.sweep.bench_config import BenchConfig, with_overrides
 from llmopt.bench.sweep.recipe import load_recipe
 from llmopt.bench.sweep.sweep import run_sweep
@@ -36,12 +36,13 @@ def test_the_online_view_counts_requests_due_and_unanswered_as_in_flight():
     assert len(sent_so_far(closed, Collector(closed), None, 5.0)) == 0
 
 
-def summary(load: dict, saturated: bool, **fields) -> dict:
+def summary(load: dict, saturated: bool, **fields) -> PointSummary:
     point = {"server": "s", "prompt_len": 16, "output_len": 2, "stream": True, "habit": None}
     point.update(concurrency=None, request_rate=None, sessions=None, session_rate=None, replay_speed=None)
     name, value = next(iter(load.items()))
     label = f"rate={value:g}/s" if name == "request_rate" else f"concurrency={value}"
-    return {**point, **load, "load": label, "saturated": saturated, "saturation_reason": "why", **fields}
+    fields = {**point, **load, "load": label, "saturated": saturated, "saturation_reason": "why", **fields}
+    return PointSummary.from_json(fields)
 
 
 def test_a_saturated_point_rules_out_the_higher_loads_of_its_series_only():
@@ -100,17 +101,17 @@ def test_a_sweep_stops_its_saturated_point_and_skips_the_higher_load(
         on_point_skipped=lambda *s: skipped.append(s),
     )
     [point] = points
-    assert point["saturated"] and point["stopped_early"] == STOP_REASON
-    assert point["saturation_reason"].startswith("TTFT")
-    assert 20 <= point["requests"] < 150 and point["requests"] == len(openai_endpoint.seen)
-    key = point["key"].replace("rate=40/s", "rate=80/s")
+    assert point.saturated and point.stopped_early == STOP_REASON
+    assert point.saturation_reason.startswith("TTFT")
+    assert 20 <= point.requests < 150 and point.requests == len(openai_endpoint.seen)
+    key = point.key.replace("rate=40/s", "rate=80/s")
     assert skipped == [
-        (key, f"rate=40/s saturated ({point['saturation_reason']}), so no higher request_rate runs")
+        (key, f"rate=40/s saturated ({point.saturation_reason}), so no higher request_rate runs")
     ]
     run = RunDir(tmp_path / "run")
-    assert run.read_summary()["settings"]["skipped"] == [{"key": key, "reason": skipped[0][1]}]
+    assert run.read_summary().settings.skipped == [SkippedPoint(key, skipped[0][1])]
     stored = json.loads(run.summary.read_text())["points"][0]
-    assert stored["saturated"] is True and stored["steady_state"]["of"] == point["successful"]
+    assert stored["saturated"] is True and stored["steady_state"]["of"] == point.successful
     [row] = csv.DictReader(io.StringIO(run.summary_csv.read_text()))
-    assert row["saturated"] == "True" and row["saturation_reason"] == point["saturation_reason"]
-    assert row["steady_of"] == str(point["successful"])
+    assert row["saturated"] == "True" and row["saturation_reason"] == point.saturation_reason
+    assert row["steady_of"] == str(point.successful)

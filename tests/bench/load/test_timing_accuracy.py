@@ -18,10 +18,11 @@ import aiohttp
 import pytest
 
 from llmopt.bench.load import client
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.loops import client_session
 from llmopt.bench.load.runner import run_point
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.servers.launcher import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))  # the stub lives there

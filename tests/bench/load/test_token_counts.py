@@ -81,7 +81,7 @@ def test_a_run_records_its_token_source(openai_endpoint, tokenizer_dir, tmp_path
         endpoint=openai_endpoint.url, prompt_lens=[8], output_lens=[2], num_requests=2, warmup=0
     )
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
-    assert point["token_source"] == "tokenize" and point["tokens_from"] == ["tokenize"]
-    assert point["output_tokens"] == 2 * 6  # "word word": 3 tokens a word, by the server's count
+    assert point.token_source == "tokenize" and point.tokens_from == ["tokenize"]
+    assert point.output_tokens == 2 * 6  # "word word": 3 tokens a word, by the server's count
     records = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
     assert {r["tokens_from"] for r in records} == {"tokenize"}

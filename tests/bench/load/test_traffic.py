@@ -108,12 +108,12 @@ def test_streaming_on_and_off_is_a_sweep_axis(openai_endpoint, tokenizer, tmp_pa
         streams=[True, False],
     )
     points = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert [(p["load"], p["stream"], p["successful"]) for p in points] == [
+    assert [(p.load, p.stream, p.successful) for p in points] == [
         ("concurrency=1", True, 2),
         ("concurrency=1,no-stream", False, 2),
     ]
     assert [body["stream"] for _, body in openai_endpoint.seen] == [True, True, False, False]
-    assert points[0]["itl_ms"]["median"] is not None and points[1]["itl_ms"]["median"] is None
+    assert points[0].itl_ms["median"] is not None and points[1].itl_ms["median"] is None
 
 
 @pytest.mark.parametrize(

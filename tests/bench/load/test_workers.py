@@ -16,12 +16,13 @@ import pytest
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.load.arrivals import arrival_times
-from llmopt.bench.load.client import BenchRequest, RequestRecord, Target
+from llmopt.bench.load.client import BenchRequest, Target
 from llmopt.bench.load.load_point import LoadPoint
 from llmopt.bench.load.runner import run_point, run_sessions
 from llmopt.bench.load.workers import shares, split
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.sweep.bench_config import BenchConfig, with_overrides
 from llmopt.bench.sweep.recipe import load_recipe
 from llmopt.bench.sweep.sweep import run_sweep
@@ -168,14 +169,12 @@ def test_a_sweep_with_workers_summarizes_the_merged_records_as_one_process(
         reset_prefix_cache=False,
     )
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
-    assert point["client"]["workers"] == 2 and len(point["client"]["cpu_per_process"]) == 2
-    records = [
-        RequestRecord(**{k: v for k, v in r.items() if k != "point"})
-        for r in RunDir(tmp_path / "run").read_records()
-    ]
+    assert point.client.workers == 2 and len(point.client.cpu_per_process) == 2
+    records = RunDir(tmp_path / "run").read_records()
     assert len(records) == 16 and len(counting_stub.prompts) == 16 + 2  # the warm-up split, not repeated
-    again = summarize(records, point["duration_s"], {"ttft": 1.0})
-    assert {k: point[k] for k in again} == again
+    again = summarize(records, point.duration_s, {"ttft": 1.0})
+    recorded = point.to_json()
+    assert {k: recorded[k] for k in again} == again
 
 
 def test_workers_come_from_a_recipe_or_the_command_line(tmp_path):

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from llmopt.bench.load.client import RequestRecord, apply_usage
+from llmopt.bench.load.client import apply_usage
 from llmopt.bench.load.responses_wire import chat_usage
 from llmopt.bench.measure.session_metrics import prefix_source, summarize_sessions
+from llmopt.bench.schema import PointSummary, RequestRecord
 from llmopt.cli.render import turns_table
 
 
@@ -74,10 +75,10 @@ def test_each_turns_ttft_is_split_by_its_prefix_source():
 
 
 def test_llmopt_bench_prints_the_split_turn_by_turn():
-    point = {"key": "agent@s=3", **summary()}
-    table = turns_table([point, {"key": "single", "turns": None}])
+    point = PointSummary.from_json({"key": "agent@s=3", **summary()})
+    table = turns_table([point, PointSummary.from_json({"key": "single", "turns": None})])
     console = Console(width=250, record=True)
     console.print(table)
     text = console.export_text()
     assert "TTFT, prefix from disk" in text and "500 ms (1)" in text and "21,000 ms (1)" in text
-    assert turns_table([{"key": "single"}]) is None
+    assert turns_table([PointSummary.from_json({"key": "single"})]) is None

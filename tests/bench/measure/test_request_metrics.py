@@ -1,7 +1,7 @@
 import pytest
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import meets_slo, summarize, tpot
+from llmopt.bench.schema import RequestRecord
 from llmopt.bench.slo import parse_slo
 
 

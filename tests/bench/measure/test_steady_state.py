@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.bench.load.client import RequestRecord
 from llmopt.bench.measure.request_metrics import summarize
 from llmopt.bench.measure.steady_state import RULE, steady_state
+from llmopt.bench.schema import RequestRecord
 
 
 def record(index: int, start: float, ttft: float, e2e: float | None = None) -> RequestRecord:

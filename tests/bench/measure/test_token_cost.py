@@ -78,12 +78,12 @@ def test_every_point_gets_them_in_its_summary_and_csv(openai_endpoint, tokenizer
         metrics_interval=0,
     )
     [point] = sweep.run_sweep(config, tmp_path / "r", False, load_tokenizer(tokenizer_dir))
-    assert point["output_tokens"] == 2 * 4 * 5 and point["cpu_source"] == PROCESS_CPU
-    assert point["server_cpu_s"] == pytest.approx(2 * 0.5)  # each run: one scrape's growth
-    assert point["cpu_s_per_1k_tokens"] == pytest.approx(1.0 / 40 * 1000)
-    assert point["energy_source"] == "rapl" and point["energy_j"] == pytest.approx(2 * 1.0)
-    assert point["joules_per_token"] == pytest.approx(2.0 / 40)
-    assert 0 < point["server_cores"] == pytest.approx(point["server_cpu_s"] / point["duration_s"], rel=0.5)
+    assert point.output_tokens == 2 * 4 * 5 and point.cpu_source == PROCESS_CPU
+    assert point.server_cpu_s == pytest.approx(2 * 0.5)  # each run: one scrape's growth
+    assert point.cpu_s_per_1k_tokens == pytest.approx(1.0 / 40 * 1000)
+    assert point.energy_source == "rapl" and point.energy_j == pytest.approx(2 * 1.0)
+    assert point.joules_per_token == pytest.approx(2.0 / 40)
+    assert 0 < point.server_cores == pytest.approx(point.server_cpu_s / point.duration_s, rel=0.5)
     [row] = list(csv.DictReader(RunDir(tmp_path / "r").summary_csv.read_text().splitlines()))
     assert float(row["joules_per_token"]) == pytest.approx(0.05) and row["energy_source"] == "rapl"
     assert float(row["cpu_s_per_1k_tokens"]) == pytest.approx(25.0) and row["cpu_source"] == PROCESS_CPU
@@ -124,11 +124,11 @@ def test_a_started_servers_cpu_comes_from_its_process_tree_round_after_round(
         rounds=2,
     )
     [point] = sweep.run_sweep(config, tmp_path / "r", False, load_tokenizer(tokenizer_dir))
-    assert point["cpu_source"].startswith("process tree (") and point["server_cpu_s"] >= 0  # 10 ms ticks
-    assert point["cpu_s_per_1k_tokens"] == pytest.approx(point["server_cpu_s"] / 12 * 1000)
+    assert point.cpu_source.startswith("process tree (") and point.server_cpu_s >= 0  # 10 ms ticks
+    assert point.cpu_s_per_1k_tokens == pytest.approx(point.server_cpu_s / 12 * 1000)
     rounds = RunDir(tmp_path / "r").read_rounds()
     cpu = [run["result"]["machine"]["cpu_s"] for entry in rounds for run in entry["runs"]]
-    assert len(cpu) == 2 and sum(cpu) == pytest.approx(point["server_cpu_s"])
+    assert len(cpu) == 2 and sum(cpu) == pytest.approx(point.server_cpu_s)
 
 
 def test_the_decode_reads_are_a_steps_bytes_over_the_itl_beside_the_machines_bandwidth():

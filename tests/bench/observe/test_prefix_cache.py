@@ -43,15 +43,15 @@ def test_the_cache_is_reset_before_every_point_where_the_server_can(
     openai_endpoint.reset_status = 200
     points = run_sweep(file_config(openai_endpoint.url, prompts), tmp_path / "r", False, tokenizer)
     assert openai_endpoint.resets == ["Bearer k", "Bearer k"]
-    assert [(p["prefix_cache_reset"], p["warnings"]) for p in points] == [(True, []), (True, [])]
+    assert [(p.prefix_cache_reset, p.warnings) for p in points] == [(True, []), (True, [])]
 
 
 def test_a_point_an_earlier_point_may_have_warmed_is_warned_about(
     openai_endpoint, tokenizer, tmp_path, prompts
 ):
     points = run_sweep(file_config(openai_endpoint.url, prompts), tmp_path / "r", False, tokenizer)
-    assert len(openai_endpoint.resets) == 2 and [p["prefix_cache_reset"] for p in points] == [False, False]
-    first, second = (p["warnings"] for p in points)
+    assert len(openai_endpoint.resets) == 2 and [p.prefix_cache_reset for p in points] == [False, False]
+    first, second = (p.warnings for p in points)
     assert first == [] and len(second) == 1 and "sends the prompts of an earlier point" in second[0]
 
 
@@ -61,10 +61,8 @@ def test_no_reset_when_told_not_to_and_the_warm_up_of_a_file_is_warned_about(
     openai_endpoint.reset_status = 200
     config = file_config(openai_endpoint.url, prompts, reset_prefix_cache=False, warmup=1, concurrencies=[1])
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert openai_endpoint.resets == [] and point["prefix_cache_reset"] is None
-    assert (
-        len(point["warnings"]) == 1 and "the warm-up sends the file's first prompts" in point["warnings"][0]
-    )
+    assert openai_endpoint.resets == [] and point.prefix_cache_reset is None
+    assert len(point.warnings) == 1 and "the warm-up sends the file's first prompts" in point.warnings[0]
 
 
 @pytest.mark.slow
@@ -74,4 +72,4 @@ def test_synthetic_workloads_need_no_warning(openai_endpoint, tokenizer, tmp_pat
     )
     config.load.num_requests = 2
     points = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert [p["warnings"] for p in points] == [[], []]  # fresh prompts at every point, and for its warm-up
+    assert [p.warnings for p in points] == [[], []]  # fresh prompts at every point, and for its warm-up

@@ -81,8 +81,8 @@ def test_each_point_samples_the_servers_metrics_page(openai_endpoint, tokenizer,
     openai_endpoint.metrics = ChangingPage()
     [point] = run_sweep(rate_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
     samples = RunDir(tmp_path / "r").read_server_metrics()
-    assert len(samples) >= 5 and point["server_metrics"]["samples"] == len(samples)
-    assert {s["point"] for s in samples} == {point["key"]} and {s["run"] for s in samples} == {0}
+    assert len(samples) >= 5 and point.server_metrics.samples == len(samples)
+    assert {s["point"] for s in samples} == {point.key} and {s["run"] for s in samples} == {0}
     # One line per scrape, in order: the page's n-th values (the machine meter's own scrapes of the page, at
     # the point's start and end, are no samples), times rising from the point's start.
     running = [s["running"] for s in samples]
@@ -95,29 +95,26 @@ def test_each_point_samples_the_servers_metrics_page(openai_endpoint, tokenizer,
     # Rates over each interval from the counters: 40 of 100 tokens hit, 7 of 10 proposals accepted.
     assert "prefix_cache_hit_rate" not in samples[0]  # the first has no interval before it
     assert all(s["prefix_cache_hit_rate"] == 0.4 and s["spec_acceptance"] == 0.7 for s in samples[1:])
-    summary = point["server_metrics"]
-    assert summary["prefix_cache_hit_rate"] == pytest.approx(0.4) and summary[
-        "spec_acceptance"
-    ] == pytest.approx(0.7)
-    assert 1 <= summary["running_mean"] <= summary["running_max"] <= len(samples)
-    assert summary["waiting_max"] == 2 * summary["running_max"]
-    assert summary["engine"] == "vllm" and summary["preemptions"] is None  # the page has no such counter
+    summary = point.server_metrics
+    assert summary.prefix_cache_hit_rate == pytest.approx(0.4)
+    assert summary.spec_acceptance == pytest.approx(0.7)
+    assert 1 <= summary.running_mean <= summary.running_max <= len(samples)
+    assert summary.waiting_max == 2 * summary.running_max
+    assert summary.engine == "vllm" and summary.preemptions is None  # the page has no such counter
 
 
 @pytest.mark.slow
 def test_no_page_or_interval_zero_samples_nothing(openai_endpoint, tokenizer, tmp_path):
     [point] = run_sweep(rate_config(openai_endpoint.url), tmp_path / "none", False, tokenizer)
-    assert point["server_metrics"] is None and point["successful"] == 10  # quietly: no page, no samples
+    assert point.server_metrics is None and point.successful == 10  # quietly: no page, no samples
     assert not RunDir(tmp_path / "none").server_metrics.exists()
     page = openai_endpoint.metrics = ChangingPage()
     [point] = run_sweep(
         rate_config(openai_endpoint.url, metrics_interval=0), tmp_path / "off", False, tokenizer
     )
-    assert point["server_metrics"] is None and not RunDir(tmp_path / "off").server_metrics.exists()
+    assert point.server_metrics is None and not RunDir(tmp_path / "off").server_metrics.exists()
     # Only the machine meter looked, once, for a CPU counter (token_cost.py): the page has none.
-    assert (
-        page.scrapes == 1 and point["cpu_source"] == "no process_cpu_seconds_total on the server's /metrics"
-    )
+    assert page.scrapes == 1 and point.cpu_source == "no process_cpu_seconds_total on the server's /metrics"
 
 
 def test_an_earlier_runs_samples_read_with_todays_names(tmp_path):

@@ -175,17 +175,17 @@ def test_a_sweep_quantizes_serves_and_records_each_config(
     tokenizer = load_tokenizer(tokenizer_dir)
     for name in ("first", "second"):
         points = run_sweep(config, tmp_path / name, False, tokenizer)
-        assert [p["successful"] for p in points] == [2, 2]
+        assert [p.successful for p in points] == [2, 2]
     assert len(calls(fake_quantize)) == 1  # the second run found the checkpoint in the cache
     checkpoint = str(tmp_path / "cache" / cache_key(QuantizeSpec("int8"), None))
     commands = [server.command for server in FakeServer.started]
     assert checkpoint not in commands[0] and checkpoint in commands[1]  # fp32, int8, then again
-    settings = RunDir(tmp_path / "second").read_summary()["settings"]
-    assert settings["quantization"]["int8"]["checkpoint"] == checkpoint
-    assert settings["quantization"]["int8"]["cached"] is True
-    assert settings["quantization"]["fp32"]["method"] == "none"
-    assert settings["config"]["servers"][1]["quantize"] == {"method": "int8"}
-    assert "quantize" not in settings["config"]["servers"][0]  # as runs before quantization wrote it
+    settings = RunDir(tmp_path / "second").read_summary().settings
+    assert settings.quantization["int8"]["checkpoint"] == checkpoint
+    assert settings.quantization["int8"]["cached"] is True
+    assert settings.quantization["fp32"]["method"] == "none"
+    assert settings.config["servers"][1]["quantize"] == {"method": "int8"}
+    assert "quantize" not in settings.config["servers"][0]  # as runs before quantization wrote it
 
 
 def test_the_cli_says_a_failed_quantize_without_a_traceback(fake_quantize, tokenizer_dir, tmp_path):
@@ -222,8 +222,8 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     )
     config.target.quantized_cache = str(tmp_path / "cache")
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
-    assert point["successful"] == 2 and point["output_tokens"] == 8
-    record = RunDir(tmp_path / "run").read_summary()["settings"]["quantization"]["int8"]
+    assert point.successful == 2 and point.output_tokens == 8
+    record = RunDir(tmp_path / "run").read_summary().settings.quantization["int8"]
     assert record["cached"] is True and record["method"] == "int8"
     # INT8 W8A8 per channel moves perplexity by about 1 %: within 5 % of the source's, on the same window.
     assert abs(record["perplexity"] / record["perplexity_before"] - 1) < 0.05, record

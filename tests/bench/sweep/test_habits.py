@@ -61,11 +61,11 @@ def test_each_habit_point_runs_with_its_one_change(openai_endpoint, tokenizer, t
     ]
     points = run_sweep(habits_config(openai_endpoint.url, *habits), tmp_path / "r", False, tokenizer)
     base, no_stream, spread, bursty, no_reuse = points
-    assert base.get("habit") is None and [p["habit"] for p in points[1:]] == [h.name for h in habits]
-    assert all(p["baseline_key"] == base["key"] and p["successful"] == 6 for p in points[1:])
-    assert no_stream["habit_changes"] == {"stream": [True, False]} and no_stream["stream"] is False
-    assert spread["habit_changes"] == {"prompt_len_spread": [0.0, 0.5]}
-    assert bursty["habit_changes"] == {"burstiness": [1.0, 0.25]} and "burstiness=0.25" in bursty["load"]
+    assert base.habit is None and [p.habit for p in points[1:]] == [h.name for h in habits]
+    assert all(p.baseline_key == base.key and p.successful == 6 for p in points[1:])
+    assert no_stream.habit_changes == {"stream": [True, False]} and no_stream.stream is False
+    assert spread.habit_changes == {"prompt_len_spread": [0.0, 0.5]}
+    assert bursty.habit_changes == {"burstiness": [1.0, 0.25]} and "burstiness=0.25" in bursty.load
     assert reuse == [True, True, True, True, False]  # only the habit's point opened a connection per request
     bodies = [body for _, body in openai_endpoint.seen]
     assert [b["stream"] for b in bodies[6:12]] == [False] * 6 and all(b["stream"] for b in bodies[:6])
@@ -78,14 +78,14 @@ def test_arrival_habits_skip_closed_loop_points_and_resume_knows_habit_points(
     openai_endpoint, tokenizer, tmp_path
 ):
     config = habits_config(openai_endpoint.url, Habit("bursty", {"burstiness": 0.25}), concurrencies=[2])
-    keys = [p["key"] for p in run_sweep(config, tmp_path / "r", False, tokenizer)]
+    keys = [p.key for p in run_sweep(config, tmp_path / "r", False, tokenizer)]
     assert keys == [
         "endpoint|prompt=20|output=2|concurrency=2",
         "endpoint|prompt=20|output=2|rate=50/s",
         "endpoint|prompt=20|output=2|rate=50/s,burstiness=0.25,habit=bursty",
     ]
     sent = len(openai_endpoint.seen)
-    assert [p["key"] for p in run_sweep(config, tmp_path / "r", True, tokenizer)] == keys
+    assert [p.key for p in run_sweep(config, tmp_path / "r", True, tokenizer)] == keys
     assert len(openai_endpoint.seen) == sent  # every point, habits' included, was done
 
 

@@ -57,14 +57,14 @@ def test_a_point_runs_num_runs_times_with_fresh_prompts(openai_endpoint, tokeniz
         num_runs=3,
     )
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert (point["requests"], point["successful"]) == (6, 6)
+    assert (point.requests, point.successful) == (6, 6)
     prompts = [body["messages"][0]["content"] for _, body in openai_endpoint.seen]
     assert len(prompts) == 6 and len(set(prompts)) == 6
-    repeats = point["repeats"]
-    assert repeats["runs"] == 3
+    repeats = point.repeats
+    assert repeats.runs == 3
     for name in ("request_throughput", "output_throughput", "ttft_ms.median", "e2e_ms.median"):
-        metric = repeats["metrics"][name]
-        assert len(metric["values"]) == 3 and metric["ci95"][0] <= metric["mean"] <= metric["ci95"][1]
+        metric = repeats.metrics[name]
+        assert len(metric.values) == 3 and metric.ci95[0] <= metric.mean <= metric.ci95[1]
     run = RunDir(tmp_path / "r")
     assert len(run.read_records()) == 6 and len(openai_endpoint.resets) == 3  # a reset before every run
     assert write_report([run.path], tmp_path / "report.html").is_file()
@@ -85,8 +85,8 @@ def test_a_repeated_multi_turn_point_numbers_its_sessions_apart(openai_endpoint,
         num_runs=2,
     )
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert point["conversations"]["started"] == point["conversations"]["completed"] == 4
-    assert sorted({r["session"] for r in RunDir(tmp_path / "r").read_records()}) == [0, 1, 2, 3]
+    assert point.conversations.started == point.conversations.completed == 4
+    assert sorted({r.session for r in RunDir(tmp_path / "r").read_records()}) == [0, 1, 2, 3]
 
 
 def test_num_runs_must_be_at_least_one():

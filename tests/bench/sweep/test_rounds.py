@@ -83,7 +83,7 @@ def test_configs_take_turns_with_each_rounds_fresh_prompts_the_same_for_all(serv
     (_, a1), (_, b1), (_, a2), (_, b2) = sent
     assert a1 == b1 and a2 == b2 and len(a1) == 2  # one round's prompts, the same for both configs
     assert not set(a1) & set(a2)  # and fresh in the next round
-    assert [(p["key"], p["rounds"], p["requests"]) for p in points] == [
+    assert [(p.key, p.rounds, p.requests) for p in points] == [
         ("a|prompt=8|output=3|concurrency=1", 2, 4),
         ("b|prompt=8|output=3|concurrency=1", 2, 4),
     ]
@@ -94,18 +94,18 @@ def test_a_point_is_summarized_over_its_rounds(servers, tokenizer, tmp_path):
     points = run_sweep(two_configs(rounds=2), tmp_path / "r", False, tokenizer)
     records = RunDir(tmp_path / "r").read_records()
     for point in points:
-        repeats = point["repeats"]
-        assert (repeats["runs"], repeats["over"]) == (2, "rounds")
+        repeats = point.repeats
+        assert (repeats.runs, repeats.over) == (2, "rounds")
         # Each round's median E2E from its own records (a record says its run: round r ran run r).
-        mine = [r for r in records if r["point"] == point["key"]]
-        per_round = [float(np.median([r["e2e"] for r in mine if r["run"] == n])) * 1000 for n in (0, 1)]
-        e2e = repeats["metrics"]["e2e_ms.median"]
-        assert e2e["values"] == pytest.approx(per_round)
-        assert e2e["mean"] == pytest.approx(np.mean(per_round))
-        assert e2e["spread"] == pytest.approx(max(per_round) - min(per_round))
-        assert e2e["ci95"][0] <= e2e["mean"] <= e2e["ci95"][1]
-        pooled = float(np.median([r["e2e"] for r in mine])) * 1000
-        assert point["e2e_ms"]["median"] == pytest.approx(pooled) and point["successful"] == 4
+        mine = [r for r in records if r.point == point.key]
+        per_round = [float(np.median([r.e2e for r in mine if r.run == n])) * 1000 for n in (0, 1)]
+        e2e = repeats.metrics["e2e_ms.median"]
+        assert e2e.values == pytest.approx(per_round)
+        assert e2e.mean == pytest.approx(np.mean(per_round))
+        assert e2e.spread == pytest.approx(max(per_round) - min(per_round))
+        assert e2e.ci95[0] <= e2e.mean <= e2e.ci95[1]
+        pooled = float(np.median([r.e2e for r in mine])) * 1000
+        assert point.e2e_ms["median"] == pytest.approx(pooled) and point.successful == 4
 
 
 @pytest.mark.slow
@@ -115,17 +115,17 @@ def test_a_resumed_run_keeps_the_rounds_it_finished(servers, tokenizer, tmp_path
     before = bodies_per_start(servers)
     # As if killed during b's second round: a's point done, b's second round not, one of its records out.
     run = RunDir(tmp_path / "r")
-    run.write_summaries(first[:1], run.read_summary()["settings"])
+    run.write_summaries(first[:1], run.read_summary().settings)
     run.rounds.write_text("".join(run.rounds.read_text().splitlines(keepends=True)[:3]))
     TakingTurns.starts.clear()
     sent_before = len(servers.seen)
     resumed = run_sweep(config, tmp_path / "r", True, tokenizer)
     assert [name for name, _ in TakingTurns.starts] == ["b"]  # only what was left: b's second round
     assert sorted(json.dumps(b) for _, b in servers.seen[sent_before:]) == before[3][1]  # as it sent before
-    assert [p["key"] for p in resumed] == [p["key"] for p in first]
+    assert [p.key for p in resumed] == [p.key for p in first]
     b = resumed[1]
-    assert (b["requests"], b["rounds"], len(b["repeats"]["metrics"]["e2e_ms.median"]["values"])) == (4, 2, 2)
-    assert sum(r["point"] == b["key"] for r in run.read_records()) == 4  # the unfinished round's dropped
+    assert (b.requests, b.rounds, len(b.repeats.metrics["e2e_ms.median"].values)) == (4, 2, 2)
+    assert sum(r.point == b.key for r in run.read_records()) == 4  # the unfinished round's dropped
 
 
 @pytest.mark.slow

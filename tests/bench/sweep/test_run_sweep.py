@@ -54,7 +54,7 @@ def test_every_point_of_the_matrix_runs_and_is_summarized(openai_endpoint, token
     started, done = [], []
     config = config_for(openai_endpoint.url)
     points = run_sweep(config, tmp_path / "r", False, tokenizer, lambda k, p: started.append(k), done.append)
-    keys = [p["key"] for p in points]
+    keys = [p.key for p in points]
     assert keys == [
         "endpoint|prompt=8|output=3|concurrency=1",
         "endpoint|prompt=8|output=3|concurrency=2",
@@ -62,14 +62,15 @@ def test_every_point_of_the_matrix_runs_and_is_summarized(openai_endpoint, token
         "endpoint|prompt=12|output=3|concurrency=2",
     ]
     assert started == keys and done == points
-    assert all(set(p) == POINT_FIELDS for p in points)
-    assert all(p["successful"] == 2 and p["model"] == "scripted" and p["server_args"] is None for p in points)
+    assert all(set(p.to_json()) == POINT_FIELDS for p in points)
+    assert all(p.successful == 2 and p.model == "scripted" and p.server_args is None for p in points)
     run = RunDir(tmp_path / "r")
-    assert run.load_summaries() == json.loads(json.dumps(points))
-    settings = run.read_summary()["settings"]
-    assert settings["config"]["prompt_lens"] == [8, 12] and "api_key" not in settings["config"]
-    assert settings["machine"]["cores"] >= 1
-    assert sorted(r["point"] for r in run.read_records()) == sorted(keys * 2)  # warm-ups are not records
+    read_back = [p.to_json() for p in run.load_summaries()]
+    assert read_back == json.loads(json.dumps([p.to_json() for p in points]))
+    settings = run.read_summary().settings
+    assert settings.config["prompt_lens"] == [8, 12] and "api_key" not in settings.config
+    assert settings.machine.cores >= 1
+    assert sorted(r.point for r in run.read_records()) == sorted(keys * 2)  # warm-ups are not records
     # One warm-up and two measured requests per point, each with prompts of its own.
     prompts = [body["messages"][0]["content"] for _, body in openai_endpoint.seen]
     assert len(prompts) == 4 * 3 and len(set(prompts)) == len(prompts)
@@ -84,13 +85,13 @@ def test_resume_runs_only_the_points_not_done(openai_endpoint, tokenizer, tmp_pa
 
     # As if killed during the last point: its summary never written, one record torn.
     run = RunDir(tmp_path / "r")
-    run.write_summaries(first[:3], run.read_summary()["settings"])
-    last = first[3]["key"]
+    run.write_summaries(first[:3], run.read_summary().settings)
+    last = first[3].key
     run.records.write_text(run.records.read_text() + json.dumps({"index": 0, "point": last})[:20])
     sent_before = len(openai_endpoint.seen)
     resumed = run_sweep(config, tmp_path / "r", True, tokenizer)
-    assert [p["key"] for p in resumed] == [p["key"] for p in first]
-    assert resumed[:3] == json.loads(json.dumps(first[:3]))
+    assert [p.key for p in resumed] == [p.key for p in first]
+    assert [p.to_json() for p in resumed[:3]] == json.loads(json.dumps([p.to_json() for p in first[:3]]))
     assert len(openai_endpoint.seen) - sent_before == 3  # one point: a warm-up and two requests
 
     # The point's place in the matrix seeds its prompts: the resumed point sends what it sent before.
@@ -99,7 +100,7 @@ def test_resume_runs_only_the_points_not_done(openai_endpoint, tokenizer, tmp_pa
 
     assert sent(openai_endpoint.seen[sent_before:]) == sent(openai_endpoint.seen[9:12])
     records = run.read_records()
-    assert len(records) == 8 and sum(r["point"] == last for r in records) == 2
+    assert len(records) == 8 and sum(r.point == last for r in records) == 2
 
     again = run_sweep(config, tmp_path / "r", True, tokenizer)
     assert len(again) == 4 and len(openai_endpoint.seen) - sent_before == 3  # nothing left to do
@@ -144,6 +145,6 @@ def test_resume_of_a_run_recorded_without_a_setting_does_not_compare_it(openai_e
     run_sweep(config, tmp_path / "r", False, tokenizer)
     run = RunDir(tmp_path / "r")
     summary = run.read_summary()
-    del summary["settings"]["config"]["ignore_eos"]  # as a bench before that setting wrote it
-    run.write_summaries(summary["points"], summary["settings"])
+    del summary.settings.config["ignore_eos"]  # as a bench before that setting wrote it
+    run.write_summaries(summary.points, summary.settings)
     assert len(run_sweep(config.replaced(dict(ignore_eos=False)), run.path, True, tokenizer)) == 1

@@ -3,6 +3,7 @@ rises past a known load (four slots: a fifth request in flight waits for one).""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import PointSummary
 from llmopt.bench.sweep.bench_config import BenchConfig
 from llmopt.bench.sweep.goodput_search import GoodputSearch
 from llmopt.bench.sweep.sweep import run_sweep
@@ -46,11 +48,11 @@ def test_a_search_whose_first_probe_misses_halves_down():
 
 def test_a_probe_meets_the_slos_at_the_percentile_and_without_failures():
     search = GoodputSearch({"ttft": 0.1, "tpot": 0.02}, start=1, integer=True, percentile=90)
-    ok = {"failed": 0, "successful": 5, "ttft_ms": {"p90": 99.0}, "tpot_ms": {"p90": 20.0}}
+    ok = PointSummary(failed=0, successful=5, ttft_ms={"p90": 99.0}, tpot_ms={"p90": 20.0})
     assert search.meets(ok)
-    assert not search.meets({**ok, "ttft_ms": {"p90": 101.0}})
-    assert not search.meets({**ok, "failed": 1})
-    assert not search.meets({**ok, "tpot_ms": {"p90": None}})
+    assert not search.meets(dataclasses.replace(ok, ttft_ms={"p90": 101.0}))
+    assert not search.meets(dataclasses.replace(ok, failed=1))
+    assert not search.meets(dataclasses.replace(ok, tpot_ms={"p90": None}))
 
 
 class Slots:
@@ -94,14 +96,14 @@ def search_config(endpoint: str) -> BenchConfig:
 def test_the_search_finds_the_load_where_latency_rises(openai_endpoint, tokenizer, tmp_path):
     openai_endpoint.replies.extend([Slots()] * 400)
     points = run_sweep(search_config(openai_endpoint.url), tmp_path / "r", False, tokenizer)
-    loads = [p["load"] for p in points]
+    loads = [p.load for p in points]
     assert loads == [f"concurrency={c}" for c in (1, 2, 4, 8, 6, 5)]  # every probe is a point of the run
-    assert [p["search"]["meets_slo"] for p in points] == [True, True, True, False, False, False]
-    assert [p["search"]["answer"] for p in points] == [False, False, True, False, False, False]
+    assert [p.search.meets_slo for p in points] == [True, True, True, False, False, False]
+    assert [p.search.answer for p in points] == [False, False, True, False, False, False]
     run = RunDir(tmp_path / "r")
-    [found] = run.read_summary()["settings"]["search"]
-    assert found["answer"] == 4 and found["answer_key"] == "endpoint|prompt=8|output=2|concurrency=4"
-    assert len(found["probes"]) == 6 and run.read_summary()["points"][2]["search"]["answer"] is True
+    [found] = run.read_summary().settings.search
+    assert found.answer == 4 and found.answer_key == "endpoint|prompt=8|output=2|concurrency=4"
+    assert len(found.probes) == 6 and run.read_summary().points[2].search.answer is True
     html = write_report([run.path], tmp_path / "report.html").read_text()
     answer = "endpoint|prompt=8|output=2|concurrency=4 (6 probes)"
     assert f"highest load meeting ttft=50ms at p90: {answer}" in html
@@ -109,7 +111,7 @@ def test_the_search_finds_the_load_where_latency_rises(openai_endpoint, tokenize
     sent = len(openai_endpoint.seen)
     again = run_sweep(search_config(openai_endpoint.url), tmp_path / "r", True, tokenizer)
     assert len(openai_endpoint.seen) == sent  # a finished search, resumed, replays its probes
-    assert [p["load"] for p in again] == loads and run.read_summary()["settings"]["search"][0]["answer"] == 4
+    assert [p.load for p in again] == loads and run.read_summary().settings.search[0].answer == 4
 
 
 def test_a_search_needs_one_starting_point_and_slos():

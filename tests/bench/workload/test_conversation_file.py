@@ -94,7 +94,7 @@ def test_every_turn_of_a_file_conversation_is_sent(openai_endpoint, tokenizer, t
     )
     config.load.num_requests = 4
     [point] = run_sweep(config, tmp_path / "r", False, tokenizer)
-    assert point["successful"] == 4 and point["conversations"]["completed"] == 2
+    assert point.successful == 4 and point.conversations.completed == 2
     sent = sorted((body["messages"] for _, body in openai_endpoint.seen), key=len)
     assert [m[-1]["content"] for m in sent] == [
         "only one",

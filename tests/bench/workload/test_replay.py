@@ -137,8 +137,8 @@ def test_requests_are_sent_at_the_traces_times_scaled_by_the_speed(openai_endpoi
         warmup=0,
     )
     [point] = run_sweep(config, tmp_path / "run", False, tokenizer)
-    assert point["load"] == "replay-speed=2x" and point["replay_speed"] == 2.0
-    assert point["requests"] == point["successful"] == 5
+    assert point.load == "replay-speed=2x" and point.replay_speed == 2.0
+    assert point.requests == point.successful == 5
     records = [json.loads(x) for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
     starts = [r["start"] for r in sorted(records, key=lambda r: r["index"])]
     for start, due in zip(starts, [t / 1000 / 2 for t in offsets_ms]):
