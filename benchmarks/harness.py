@@ -19,7 +19,7 @@ import numpy as np
 from rich.console import Console
 
 from llmopt.bench import BenchRequest, corpus_token_ids, text_of_length
-from llmopt.engines.llmopt import llmopt_serve_argv
+from llmopt.engine_servers.llmopt import llmopt_serve_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where each peer's Python is found: its environment variable, else the venv `make peers` builds.

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmopt.bench import llmopt_server
-from llmopt.engines.llmopt import llmopt_environment
+from llmopt.engine_servers.llmopt import llmopt_environment
 from results import write_result
 
 MODES = ("json", "stream")

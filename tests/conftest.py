@@ -23,7 +23,7 @@ import torch
 from llmopt.bench.servers.launcher import LocalServer
 from llmopt.checkpoints import reference_folder
 from llmopt.engine.llm import LLM
-from llmopt.engines.llmopt import llmopt_serve_argv
+from llmopt.engine_servers.llmopt import llmopt_serve_argv
 from llmopt.quant.quantize import QuantizeConfig, quantize
 
 # The KV disk tier is on by default and outlives its process (llmopt/engine/kv_disk_tier.py): each test

@@ -14,19 +14,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "llmopt"
 # evaluate -> engine -> checkpoints (-> gguf_model -> gemma3_gguf -> gguf_file, gguf_names; load_cache);
 # pricing, cost, corpus and files are
 # leaves anyone may read. The bench speaks HTTP and never imports the engine; the report reads run
-# folders through the bench's rundir.py (ONLY_THROUGH). engines builds and runs other engines' servers
+# folders through the bench's rundir.py (ONLY_THROUGH). engine_servers builds and runs the engines' servers
 # (vLLM, llama.cpp): the CLI and the bench start them through it.
 LEAVES = {"pricing", "cost", "corpus", "files"}
 ALLOWED: dict[str, set[str]] = {
-    "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "engines", "checkpoints"} | LEAVES,
+    "cli": {"server", "bench", "quant", "report", "evaluate", "engine", "engine_servers", "checkpoints"}
+    | LEAVES,
     "server": {"engine", "checkpoints"},
-    "bench": {"engines", "checkpoints"} | LEAVES,
+    "bench": {"engine_servers", "checkpoints"} | LEAVES,
     "quant": {"evaluate", "engine", "checkpoints"} | LEAVES,
     "report": {"bench"} | LEAVES,
     "evaluate": {"engine", "checkpoints"} | LEAVES,
     "engine": {"checkpoints", "gguf_file", "gguf_model", "gguf_names", "load_cache"},
     # never llmopt's engine or server (a peer is another process), only the engine config's defaults
-    "engines": {"checkpoints", "engine"},
+    "engine_servers": {"checkpoints", "engine"},
     "checkpoints": {"gemma3_gguf", "gguf_file", "gguf_model", "load_cache"},
     "gguf_model": {"gemma3_gguf", "gguf_file"},  # a GGUF's config, tokenizer and stop tokens, from its header
     "gemma3_gguf": {"gguf_file", "gguf_names"},  # Gemma 3's config and tokenizer, and its fp32 folder
@@ -45,12 +46,12 @@ ALLOWED: dict[str, set[str]] = {
 # The report reads run folders through bench/rundir.py alone, whose file list is the contract between
 # them, and their records as bench/schema.py types them: nothing else of the bench's insides. The cost
 # package reads those types alone.
-# engines reads the defaults of the serve options llmopt's engine takes from its EngineConfig, and reads
-# --speculative-config with the engine's own parser (one set of rules and messages for every engine).
+# engine_servers reads the defaults of the serve options llmopt's engine takes from its EngineConfig, and
+# reads --speculative-config with the engine's own parser (one set of rules and messages for every engine).
 ONLY_THROUGH: dict[str, dict[str, set[str]]] = {
     "report": {"bench": {"llmopt.bench.rundir", "llmopt.bench.schema"}},
     "cost": {"bench": {"llmopt.bench.schema"}},
-    "engines": {"engine": {"llmopt.engine.config", "llmopt.engine.spec_decode.config"}},
+    "engine_servers": {"engine": {"llmopt.engine.config", "llmopt.engine.spec_decode.config"}},
 }
 # The bench's wings (issue #54): what each may import of the others. The data runs recipe -> sweep ->
 # load -> measure -> run folder -> report: the sweep reads the recipe and drives every other wing;

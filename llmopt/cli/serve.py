@@ -1,5 +1,5 @@
 """`llmopt serve`: the OpenAI-compatible server on llmopt's engine (or a peer's). The flags default to
-the serve options' defaults (engines/options.py, the one place they are written)."""
+the serve options' defaults (engine_servers/options.py, the one place they are written)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import typer
 
 from llmopt.cli.shared_options import DTYPE_HELP, SPEC_HELP, ModelArg, fail
 from llmopt.engine.config import KV_CACHE_DTYPES
-from llmopt.engines.options import API, API_KEY_ENV, ENGINE, LISTENER, ServeOptions
+from llmopt.engine_servers.options import API, API_KEY_ENV, ENGINE, LISTENER, ServeOptions
 
 SHARING_HELP = "a request waits for prefix blocks another is computing instead of computing them too"
 LM_HEAD_HELP = "auto, float32 or int8: the output layer quantized at load, a scale per 32 inputs"
@@ -88,10 +88,10 @@ def serve(
 
 
 def serve_on(engine: str, options: ServeOptions, engine_python: str | None, dry_run: bool) -> None:
-    """Run `options` on `engine`: a peer through llmopt.engines, llmopt's own engine here."""
-    from llmopt.engines.engine_error import EngineError
-    from llmopt.engines.llmopt import unsupported
-    from llmopt.engines.serve_engine import serve_engine
+    """Run `options` on `engine`: a peer through llmopt.engine_servers, llmopt's own engine here."""
+    from llmopt.engine_servers.engine_error import EngineError
+    from llmopt.engine_servers.llmopt import unsupported
+    from llmopt.engine_servers.serve_engine import serve_engine
 
     if options.kv_cache_dtype not in KV_CACHE_DTYPES:
         given = options.kv_cache_dtype

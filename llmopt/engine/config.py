@@ -10,7 +10,7 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class EngineConfig:
     """Settings of one engine instance; names follow vLLM's where vLLM has the same knob. The defaults
-    are `LLM(...)`'s and `llmopt serve`'s (engines/options.py reads them from here)."""
+    are `LLM(...)`'s and `llmopt serve`'s (engine_servers/options.py reads them from here)."""
 
     model: str | None = None  # a HF folder, a .gguf file or the default alias; None = the default model
     # "auto": a GGUF's or compressed-tensors checkpoint's quantized weights as stored (fp32 activations),

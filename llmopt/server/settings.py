@@ -1,5 +1,5 @@
 """What `llmopt serve` is told about the API it serves, apart from the engine itself. Its values come
-from the serve options (engines/options.py, where their defaults are written)."""
+from the serve options (engine_servers/options.py, where their defaults are written)."""
 
 from __future__ import annotations
 
@@ -15,5 +15,5 @@ class ServerSettings:
     max_request_bytes: int  # a larger body is answered 413 before it is parsed
     api_key: str | None = None  # None: every route is open to anyone who can reach the port
     api_key_env: str | None = None  # the variable the key was read from, named in the start-up hint
-    disable_log_requests: bool = False  # no access-log line per request (engines/options.py)
-    disable_admin_routes: bool = False  # no /reset_prefix_cache (engines/options.py)
+    disable_log_requests: bool = False  # no access-log line per request (engine_servers/options.py)
+    disable_admin_routes: bool = False  # no /reset_prefix_cache (engine_servers/options.py)

@@ -15,8 +15,8 @@ from llmopt.bench.servers import server_lifecycle
 from llmopt.bench.sweep.bench_config import BenchConfig, ServerSpec
 from llmopt.checkpoints import load_tokenizer
 from llmopt.cli.bench_run import run_bench
-from llmopt.engines.llmopt import llmopt_environment
-from llmopt.engines.options import API_KEY_ENV
+from llmopt.engine_servers.llmopt import llmopt_environment
+from llmopt.engine_servers.options import API_KEY_ENV
 from tests.bench.conftest import answer
 
 SECRET = "sk-test-7Hq2xZ9pLm4vB8nR"

@@ -46,7 +46,7 @@ def test_the_engine_configs_defaults_are_the_serve_options():
     import dataclasses
 
     from llmopt.engine.config import EngineConfig
-    from llmopt.engines.options import ENGINE, ServeOptions
+    from llmopt.engine_servers.options import ENGINE, ServeOptions
 
     serve = ServeOptions().part(ENGINE)
     engine = {f.name: f.default for f in dataclasses.fields(EngineConfig)}

@@ -16,7 +16,7 @@ from llmopt.engine.config import EngineConfig
 from llmopt.engine.layers import gguf_panels
 from llmopt.engine.model_runner import ModelRunner
 from llmopt.engine.precision import resolve_precision
-from llmopt.engines.options import ServeOptions
+from llmopt.engine_servers.options import ServeOptions
 
 BF16_CPU = {"avx2", "fma", "avx512f", "avx512_bf16"}
 AVX2_CPU = {"avx2", "fma"}

@@ -1,6 +1,6 @@
 """Start a server process on a free local port, wait until /health answers, stop it by its pid
-(SIGTERM, then SIGKILL) — also when the caller is interrupted. The process itself is engines/process.py's;
-this adds the port, the log and the bench's errors."""
+(SIGTERM, then SIGKILL) — also when the caller is interrupted. The process itself is
+engine_servers/process.py's; this adds the port, the log and the bench's errors."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from llmopt.engines.llmopt import llmopt_serve_argv
-from llmopt.engines.process import STOP_TIMEOUT_S, ServerProcess
+from llmopt.engine_servers.llmopt import llmopt_serve_argv
+from llmopt.engine_servers.process import STOP_TIMEOUT_S, ServerProcess
 
 
 def free_port() -> int:

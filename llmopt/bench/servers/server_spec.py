@@ -1,5 +1,5 @@
 """A `[[serve]]` entry of a recipe: one local server config, and the command its engine is started with
-(llmopt.engines translates the flags)."""
+(llmopt.engine_servers translates the flags)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from dataclasses import dataclass, field
 
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.redact import is_api_key_arg, redact_args
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.options import ServeOptions
-from llmopt.engines.serve_engine import engine_command
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.options import ServeOptions
+from llmopt.engine_servers.serve_engine import engine_command
 
 
 @dataclass
 class ServerSpec:
     """A local server config: a name, its `llmopt serve` flags ({"max-num-seqs": 16, ...}) and the engine
-    that serves them, llmopt's own as one of llmopt.engines (each translates the flags)."""
+    that serves them, llmopt's own as one of llmopt.engine_servers (each translates the flags)."""
 
     name: str
     model: str | None = None
@@ -24,7 +24,7 @@ class ServerSpec:
     # `quantize = {method = "gptq", ...}`: served from a checkpoint `llmopt quantize` makes of `model`
     # (quantized_serve.py); None: `model` as it is.
     quantize: dict | None = None
-    # `engine = "vllm"` or `"llama.cpp"`: the same args, translated to that engine (llmopt.engines).
+    # `engine = "vllm"` or `"llama.cpp"`: the same args, translated to that engine (llmopt.engine_servers).
     engine: str = "llmopt"
 
     @property

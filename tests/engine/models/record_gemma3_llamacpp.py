@@ -3,7 +3,7 @@
 the references test_gemma3_gguf.py and test_qwen_gguf.py compare llmopt with (so CI needs no llama.cpp).
 Run once, by hand:
 
-    .peer-venv/bin/python llmopt/engines/llama_cpp_server.py --np 1 --port 8166 \\
+    .peer-venv/bin/python llmopt/engine_servers/llama_cpp_server.py --np 1 --port 8166 \\
         --model ~/.cache/llmopt/gguf/gemma-3-270m-q4_k_m.gguf &
     .venv/bin/python tests/engine/models/record_gemma3_llamacpp.py --url http://127.0.0.1:8166 \\
         [--part greedy|logprobs] [--model FILE_NAME --out FIXTURE.json]

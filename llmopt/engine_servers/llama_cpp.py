@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmopt.checkpoints import served_name
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.handoff import llama_cpp_model
-from llmopt.engines.options import API_KEY_ENV, ServeOptions, refuse_unmapped
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.handoff import llama_cpp_model
+from llmopt.engine_servers.options import API_KEY_ENV, ServeOptions, refuse_unmapped
 
 ENGINE = "llama.cpp"
 LAUNCHER = Path(__file__).with_name("llama_cpp_server.py")

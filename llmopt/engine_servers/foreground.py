@@ -7,8 +7,8 @@ from __future__ import annotations
 import signal
 import sys
 
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.process import ServerProcess
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.process import ServerProcess
 
 
 def run_foreground(command: EngineCommand, url: str, ready_timeout_s: float = 600) -> int:

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.llama_cpp import llama_cpp_command
-from llmopt.engines.llmopt import llmopt_command
-from llmopt.engines.options import API_KEY_ENV, ServeOptions
-from llmopt.engines.vllm import vllm_command
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.llama_cpp import llama_cpp_command
+from llmopt.engine_servers.llmopt import llmopt_command
+from llmopt.engine_servers.options import API_KEY_ENV, ServeOptions
+from llmopt.engine_servers.vllm import vllm_command
 
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}'
 VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
@@ -223,7 +223,7 @@ def test_a_peer_refuses_a_speculative_config_with_the_engines_own_words(
 def test_the_launcher_accepts_every_flag_the_translation_writes(gguf, monkeypatch):
     """llama_cpp_server.py parses the command llama_cpp_command builds (without xllamacpp: the parse
     comes before its import)."""
-    from llmopt.engines import llama_cpp_server
+    from llmopt.engine_servers import llama_cpp_server
 
     options = ServeOptions(str(gguf), max_num_seqs=3, max_model_len=256, enable_prefix_caching=False)
     argv = llama_cpp_command(dataclasses.replace(options, speculative_config=NGRAM), sys.executable).argv
@@ -248,7 +248,7 @@ def test_llmopt_serve_accepts_every_flag_the_translation_writes(gguf):
 
 
 def test_the_launcher_reads_the_key_where_the_translation_puts_it():
-    from llmopt.engines import llama_cpp_server
+    from llmopt.engine_servers import llama_cpp_server
 
     assert llama_cpp_server.API_KEY_ENV == API_KEY_ENV  # spelled out there: it imports nothing of llmopt
 

@@ -7,12 +7,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.llama_cpp import llama_cpp_command
-from llmopt.engines.llmopt import llmopt_command
-from llmopt.engines.options import ServeOptions
-from llmopt.engines.vllm import vllm_command
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.llama_cpp import llama_cpp_command
+from llmopt.engine_servers.llmopt import llmopt_command
+from llmopt.engine_servers.options import ServeOptions
+from llmopt.engine_servers.vllm import vllm_command
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import dataclasses
 import json
 import sys
 
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.options import API_KEY_ENV, ServeOptions, flag, refuse_unmapped
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.options import API_KEY_ENV, ServeOptions, flag, refuse_unmapped
 
 ENGINE = "llmopt"
 PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")

@@ -15,8 +15,8 @@ import pytest
 
 from llmopt.bench.rundir import RunDir
 from llmopt.bench.servers.launcher import LocalServer
-from llmopt.engines.llmopt import llmopt_environment, llmopt_serve_argv
-from llmopt.engines.python import imports
+from llmopt.engine_servers.llmopt import llmopt_environment, llmopt_serve_argv
+from llmopt.engine_servers.python import imports
 
 ROOT = Path(__file__).resolve().parents[2]
 LLAMA_PYTHON = ROOT / ".peer-venv" / "bin" / "python"

@@ -6,7 +6,7 @@ embeds llama.cpp's C++ server, so nothing compiles); it imports nothing of llmop
 --engine llama.cpp` builds its command line; by hand:
 
     python -m venv .peer-venv && .peer-venv/bin/pip install xllamacpp
-    .peer-venv/bin/python llmopt/engines/llama_cpp_server.py --model PATH.gguf --port 8102 --np 16
+    .peer-venv/bin/python llmopt/engine_servers/llama_cpp_server.py --model PATH.gguf --port 8102 --np 16
 
 It prints `READY <url>` once listening and stops on SIGTERM or SIGINT. The API key, if any, comes from
 $LLMOPT_API_KEY (a command line is readable by every user of the machine). Use one thread per core and

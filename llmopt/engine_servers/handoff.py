@@ -13,7 +13,7 @@ from llmopt.checkpoints import (
     gemma3_gguf_path,
     reference_folder,
 )
-from llmopt.engines.engine_error import EngineError
+from llmopt.engine_servers.engine_error import EngineError
 
 LLAMA_CPP_CONVERTER = (
     "git clone --depth 1 https://github.com/ggml-org/llama.cpp /tmp/llama.cpp && "

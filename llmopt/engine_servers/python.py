@@ -8,8 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.peers import Peer
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.peers import Peer
 
 
 def find_python(peer: Peer, given: str | None = None, check: bool = True) -> str:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.foreground import run_foreground
-from llmopt.engines.options import ServeOptions
-from llmopt.engines.peers import peer
-from llmopt.engines.python import find_python
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.foreground import run_foreground
+from llmopt.engine_servers.options import ServeOptions
+from llmopt.engine_servers.peers import peer
+from llmopt.engine_servers.python import find_python
 
 
 def engine_command(

@@ -7,10 +7,10 @@ import json
 import os
 
 from llmopt.checkpoints import served_name
-from llmopt.engines.command import EngineCommand
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.handoff import converted_for_vllm, vllm_model
-from llmopt.engines.options import ServeOptions, refuse_unmapped
+from llmopt.engine_servers.command import EngineCommand
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.handoff import converted_for_vllm, vllm_model
+from llmopt.engine_servers.options import ServeOptions, refuse_unmapped
 
 ENGINE = "vllm"
 MODULE = "vllm.entrypoints.openai.api_server"

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.spec_decode.config import SpeculativeConfig
-from llmopt.engines.engine_error import EngineError
+from llmopt.engine_servers.engine_error import EngineError
 
 API_KEY_ENV = "LLMOPT_API_KEY"  # where `llmopt serve` (and llama.cpp's launcher) read the API key
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from llmopt.checkpoints import bundled_gguf_path
-from llmopt.engines.engine_error import EngineError
-from llmopt.engines.handoff import llama_cpp_model, vllm_model
+from llmopt.engine_servers.engine_error import EngineError
+from llmopt.engine_servers.handoff import llama_cpp_model, vllm_model
 
 
 def test_llama_cpp_gets_the_bundled_gguf_for_the_default_model_and_a_gguf_as_it_is(tmp_path):
