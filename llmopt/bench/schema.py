@@ -421,6 +421,51 @@ class GoodputAnswer(Block):
 
 
 @dataclass
+class QuantizationRecord:
+    """A quantized config's record (servers/quantized_serve.py, from its quant_report.json): the figures
+    the report reads, typed; the record is kept whole, so a run is written back as it was read (a field
+    list of its own would reorder a baseline's keys and add nulls)."""
+
+    record: dict[str, Any]
+
+    def to_json(self) -> dict:
+        return self.record
+
+    @property
+    def method(self) -> str | None:
+        return self.record.get("method")
+
+    @property
+    def quantized(self) -> bool:
+        return self.method not in (None, "none")
+
+    @property
+    def size_after_mb(self) -> float | None:
+        return self.record.get("size_after_mb")
+
+    @property
+    def perplexity(self) -> float | None:
+        return self.record.get("perplexity")
+
+    @property
+    def perplexity_before(self) -> float | None:
+        return self.record.get("perplexity_before")
+
+    @property
+    def kld_mean(self) -> float | None:
+        stats = self.record.get("kl_divergence")
+        return stats.get("mean") if isinstance(stats, dict) else None
+
+    @property
+    def checkpoint(self) -> str | None:
+        return self.record.get("checkpoint")
+
+    @property
+    def cached(self) -> bool | None:
+        return self.record.get("cached")
+
+
+@dataclass
 class RunSettings:
     """summary.json's "settings": the run's config as recorded (BenchConfig.recorded(): flat, one key
     per setting), when it started and where, and what its sweep decided as it ran."""
@@ -429,7 +474,7 @@ class RunSettings:
     started: str | None = None
     machine: Machine | None = None
     # {server: its quantization record} (servers/quantized_serve.py), where the run quantized a config
-    quantization: dict[str, dict[str, Any]] | None = None
+    quantization: dict[str, QuantizationRecord] | None = None
     search: list[GoodputAnswer] | None = None  # a goodput search's answers
     skipped: list[SkippedPoint] | None = None  # --stop-on-saturation's skipped points
     other: dict[str, Any] = field(default_factory=dict)
@@ -440,6 +485,8 @@ class RunSettings:
         known.pop("other", None)
         if known.get("machine") is not None:
             known["machine"] = Machine.from_json(known["machine"])
+        if known.get("quantization") is not None:
+            known["quantization"] = {s: QuantizationRecord(r) for s, r in known["quantization"].items()}
         if known.get("search") is not None:
             known["search"] = [GoodputAnswer.from_json(s) for s in known["search"]]
         if known.get("skipped") is not None:

@@ -99,11 +99,6 @@ def quality_measure(points: list[QuantPoint]) -> str:
     return "kld" if rated and all(p.kld is not None for p in rated) else "perplexity"
 
 
-def mean_kld(record: dict) -> float | None:
-    stats = record.get("kl_divergence")
-    return stats.get("mean") if isinstance(stats, dict) else None
-
-
 def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
     """A QuantPoint for each config of the run's settings["quantization"], the Pareto fronts marked."""
     out = []
@@ -116,14 +111,14 @@ def quant_points(run: Run, gpu: PricingModel | None) -> list[QuantPoint]:
         out.append(
             QuantPoint(
                 server,
-                record.get("method") or "?",
-                record.get("size_after_mb"),
-                record.get("perplexity"),
-                record.get("perplexity_before"),
+                record.method or "?",
+                record.size_after_mb,
+                record.perplexity,
+                record.perplexity_before,
                 throughput,
                 cost,
                 basis,
-                kld=mean_kld(record),
+                kld=record.kld_mean,
             )
         )
     mark_fronts(out)
@@ -178,7 +173,7 @@ def answer(points: list[QuantPoint]) -> str:
 def quantization_section(run: Run, models: list[PricingModel]) -> QuantizationSection | None:
     """The section for `run`, or None when none of its configs was quantized."""
     records = run.settings.quantization or {}
-    if not any(r.get("method") not in (None, "none") for r in records.values()):
+    if not any(r.quantized for r in records.values()):
         return None
     gpu = cheapest_gpu(models)
     points = quant_points(run, gpu)

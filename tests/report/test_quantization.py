@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmopt.bench.rundir import RunDir
+from llmopt.bench.schema import QuantizationRecord
 from llmopt.pricing import load_pricing
 from llmopt.report.html import write_report
 from llmopt.report.quantization import (
@@ -74,12 +75,13 @@ def quantized_run(tmp_path_factory) -> Path:
     path = write_run(tmp_path_factory.mktemp("quant") / "quantized", points, slo="ttft=1s")
     run = RunDir(path)
     summary = run.read_summary()
-    summary.settings.quantization = {
+    records = {
         "fp32": {**quant_record("none", 538.1, 14.0), "checkpoint": None},
         "int8": quant_record("int8", 160.0, 14.07),  # +0.5 %, 64 tok/s
         "gptq": quant_record("gptq", 174.0, 15.4),  # +10 %, 80 tok/s: the fastest
         "awq": quant_record("awq", 170.0, 16.1),  # +15 %, 50 tok/s: beaten by int8 on both
     }
+    summary.settings.quantization = {server: QuantizationRecord(r) for server, r in records.items()}
     run.write_summaries(summary.points, summary.settings)
     return path
 
@@ -131,7 +133,7 @@ def kld_run(quantized_run, tmp_path_factory) -> Path:
     summary = run.read_summary()
     klds = {"fp32": 0.0, "int8": 0.004, "gptq": 0.12, "awq": 0.08}
     for server, kld in klds.items():
-        summary.settings.quantization[server]["kl_divergence"] = {"mean": kld, "p99": 10 * kld}
+        summary.settings.quantization[server].record["kl_divergence"] = {"mean": kld, "p99": 10 * kld}
     run.write_summaries(summary.points, summary.settings)
     return path
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from llmopt.bench.bench_error import BenchError
 from llmopt.bench.load.stop_on_saturation import skip_reason
 from llmopt.bench.rundir import RunDir, machine_info
-from llmopt.bench.schema import PointSummary, RunSettings, RunSummary, SkippedPoint
+from llmopt.bench.schema import PointSummary, QuantizationRecord, RunSettings, RunSummary, SkippedPoint
 from llmopt.bench.servers.quantized_serve import prepare_servers
 from llmopt.bench.servers.server_lifecycle import serving
 from llmopt.bench.slo import parse_slo
@@ -58,7 +58,7 @@ def run_sweep(
     cache = Path(config.target.quantized_cache) if config.target.quantized_cache else None
     servers, quantized = prepare_servers(config.servers, cache)
     if quantized:
-        settings.quantization = quantized
+        settings.quantization = {name: QuantizationRecord(record) for name, record in quantized.items()}
     targets: list[tuple[str, ServerSpec | None]] = [(s.name, s) for s in servers] or [("endpoint", None)]
     with run.open_records() as records_out:
         sweep = Sweep(

@@ -181,9 +181,9 @@ def test_a_sweep_quantizes_serves_and_records_each_config(
     commands = [server.command for server in FakeServer.started]
     assert checkpoint not in commands[0] and checkpoint in commands[1]  # fp32, int8, then again
     settings = RunDir(tmp_path / "second").read_summary().settings
-    assert settings.quantization["int8"]["checkpoint"] == checkpoint
-    assert settings.quantization["int8"]["cached"] is True
-    assert settings.quantization["fp32"]["method"] == "none"
+    assert settings.quantization["int8"].checkpoint == checkpoint
+    assert settings.quantization["int8"].cached is True
+    assert settings.quantization["fp32"].method == "none"
     assert settings.config["servers"][1]["quantize"] == {"method": "int8"}
     assert "quantize" not in settings.config["servers"][0]  # as runs before quantization wrote it
 
@@ -224,8 +224,8 @@ def test_a_cached_int8_checkpoint_is_served_and_benched(int8_dir, tokenizer_dir,
     [point] = run_sweep(config, tmp_path / "run", False, load_tokenizer(tokenizer_dir))
     assert point.successful == 2 and point.output_tokens == 8
     record = RunDir(tmp_path / "run").read_summary().settings.quantization["int8"]
-    assert record["cached"] is True and record["method"] == "int8"
+    assert record.cached is True and record.method == "int8"
     # INT8 W8A8 per channel moves perplexity by about 1 %: within 5 % of the source's, on the same window.
-    assert abs(record["perplexity"] / record["perplexity_before"] - 1) < 0.05, record
-    assert 100 < record["size_after_mb"] < 0.5 * 538  # under half the source's weights in fp32
-    assert 0 < record["kl_divergence"]["mean"] < 1  # from the source in float32, as quantize measured it
+    assert abs(record.perplexity / record.perplexity_before - 1) < 0.05, record
+    assert 100 < record.size_after_mb < 0.5 * 538  # under half the source's weights in fp32
+    assert 0 < record.kld_mean < 1  # from the source in float32, as quantize measured it
