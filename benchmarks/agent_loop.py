@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 
 from harness import (
     CorpusCursor,
@@ -43,7 +42,7 @@ from harness import (
     spread,
     subject_names,
 )
-from real_models import MODELS, assemble
+from real_models import MODELS, assemble, result_name
 from rich.console import Console
 from rich.table import Table
 
@@ -233,9 +232,8 @@ def main() -> None:
         "rounds": rounds,
         "kept": "per subject, its lowest wall",
     }
-    served = args.model if args.model in MODELS else Path(args.model or "").stem  # "1.5b" is no suffix
-    name = "agent_loop" if args.model is None else "agent_loop_" + served.replace(".", "_")
-    path = write_result(name + ("_quick" if args.quick else ""), {**out, **load.finish(console)}, [table])
+    name = result_name("agent_loop", args.model) + ("_quick" if args.quick else "")
+    path = write_result(name, {**out, **load.finish(console)}, [table])
     console.print(f"wrote {path}")
 
 

@@ -22,9 +22,9 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from harness import CorpusCursor, MachineLoad
+from real_models import result_name
 from rich.console import Console
 from rich.table import Table
 
@@ -200,8 +200,7 @@ def main() -> None:
     kinds = summarize_steps(steps)
     table = print_report(kinds, run, args, path, load, console)
     out = {"args": vars(args), "decode_path": path, "run": run, "kinds": kinds, "steps": steps}
-    name = "profile_step" if args.model is None else "profile_step_" + Path(args.model).stem.replace(".", "_")
-    write_result(name, {**out, **load.finish(console)}, [table])
+    write_result(result_name("profile_step", args.model), {**out, **load.finish(console)}, [table])
 
 
 if __name__ == "__main__":

@@ -49,6 +49,16 @@ MODELS = {
 }
 
 
+def result_name(base: str, model: str | None) -> str:
+    """A benchmark's results name: `base` on the bundled model, else `base_<model>`, the model a real
+    model's name here or a file's stem ("qwen2.5-coder-1.5b" has no suffix to strip), dots as
+    underscores."""
+    if model is None:
+        return base
+    name = model if model in MODELS else Path(model).stem
+    return f"{base}_{name.replace('.', '_')}"
+
+
 def gguf_dir() -> Path:
     """llmopt's cache of GGUF files (the same folder llmopt.checkpoints puts gemma3-270m in)."""
     return Path(os.environ.get("LLMOPT_CACHE", Path.home() / ".cache" / "llmopt")) / "gguf"

@@ -73,21 +73,24 @@ class DraftProposer:
         # Seconds per token of a catch-up prefill, smoothed over the calls that had one (None: none yet).
         self.catch_up_seconds: float | None = None
 
-    def behind(self, seq: Sequence) -> int:
-        """The tokens of `seq` the draft has to prefill before its first proposal, past the one a
-        one-token step computes. A sequence new to the draft takes its cached prefix first."""
+    def state(self, seq: Sequence) -> DraftState:
+        """`seq`'s place in the draft's cache; a sequence new to the draft takes its cached prefix."""
         state = self.states.get(seq.request_id)
         if state is None:
             state = self.states[seq.request_id] = DraftState(token_ids=list(seq.token_ids))
             self.block_manager.take_cached_prefix(state)
-        return max(0, len(seq) - 1 - state.num_computed_tokens)
+        return state
+
+    def behind(self, seq: Sequence) -> int:
+        """The tokens of `seq` the draft has to prefill before its first proposal, past the one a
+        one-token step computes."""
+        return max(0, len(seq) - 1 - self.state(seq).num_computed_tokens)
 
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         bm = self.block_manager
         active: list[tuple[int, DraftState]] = []
         for i, (seq, k) in enumerate(zip(seqs, ks)):
-            self.behind(seq)
-            state = self.states[seq.request_id]
+            state = self.state(seq)
             state.token_ids = list(seq.token_ids)
             # The KV past the verified tokens held rejected proposals; the blocks before it are final.
             state.num_computed_tokens = min(state.num_computed_tokens, len(seq) - 1)
