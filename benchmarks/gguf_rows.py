@@ -1,9 +1,10 @@
 """What a GGUF kernel call costs by its row count, on a real file's tensors (issue #51): the rows of a
 decode step are one per stream plus one per proposal a verification checks, so speculation and batching
 pay what a row costs past the first. For Qwen2.5-Coder-1.5B Q4_K_M's 28 ffn_gate (Q4_K), its 14 Q6_K
-ffn_down and its output layer (151,936 Q6_K rows): milliseconds at 1 to 8 rows, each against one row,
-beside the generic int8 panels (quantized_matmul) the same tensors widen to, taking turns in one run.
-The first line is the machine's read bandwidth, which one row is bound by.
+ffn_down and its output layer (151,936 Q6_K rows), and for its draft, the 0.5B Q5_0's 24 ffn_gate (Q5_0)
+and output layer (Q8_0): milliseconds at 1 to 8 rows, each against one row, beside the generic int8
+panels (quantized_matmul) the same tensors widen to, taking turns in one run. The first line is the
+machine's read bandwidth, which one row is bound by.
 
     .venv/bin/python benchmarks/gguf_rows.py [--rows 1,2,3,4,5,8] [--repeats 7]
 """
@@ -27,14 +28,23 @@ from llmopt.engine.layers import gguf_panels, quantized_panels
 from llmopt.gguf_file import read_gguf_file
 from results import write_result
 
+# label: (model, the tensors' names in its file)
 TENSOR_SETS = {
-    "28 ffn_gate (Q4_K)": lambda g: [f"blk.{i}.ffn_gate.weight" for i in range(28)],
-    "14 ffn_down (Q6_K)": lambda g: [
-        f"blk.{i}.ffn_down.weight"
-        for i in range(28)
-        if g.tensors[f"blk.{i}.ffn_down.weight"].type.name == "Q6_K"
-    ],
-    "output (Q6_K)": lambda g: ["output.weight"],
+    "28 ffn_gate (Q4_K)": ("qwen2.5-coder-1.5b", lambda g: [f"blk.{i}.ffn_gate.weight" for i in range(28)]),
+    "14 ffn_down (Q6_K)": (
+        "qwen2.5-coder-1.5b",
+        lambda g: [
+            f"blk.{i}.ffn_down.weight"
+            for i in range(28)
+            if g.tensors[f"blk.{i}.ffn_down.weight"].type.name == "Q6_K"
+        ],
+    ),
+    "output (Q6_K)": ("qwen2.5-coder-1.5b", lambda g: ["output.weight"]),
+    "0.5B: 24 ffn_gate (Q5_0)": (
+        "qwen2.5-coder-0.5b",
+        lambda g: [f"blk.{i}.ffn_gate.weight" for i in range(24)],
+    ),
+    "0.5B: output (Q8_0)": ("qwen2.5-coder-0.5b", lambda g: ["output.weight"]),
 }
 
 
@@ -54,9 +64,9 @@ def generic_matmul(x: torch.Tensor, panels) -> torch.Tensor:
 
 def measure(rows: list[int], repeats: int) -> list[dict]:
     """Per tensor set and row count: the GGUF kernel's and the generic panels' best time."""
-    gguf = read_gguf_file(assemble("qwen2.5-coder-1.5b"))
     results = []
-    for label, names in TENSOR_SETS.items():
+    for label, (model, names) in TENSOR_SETS.items():
+        gguf = read_gguf_file(assemble(model))
         native, generic = [], []
         for name in names(gguf):
             info = gguf.tensors[name]
@@ -76,7 +86,8 @@ def measure(rows: list[int], repeats: int) -> list[dict]:
 def table(results: list[dict], bandwidth: float, load: MachineLoad) -> Table:
     t = Table(
         title=load.title(
-            f"GGUF kernel by rows, Qwen2.5-Coder-1.5B Q4_K_M; read bandwidth {bandwidth:.1f} GB/s"
+            "GGUF kernel by rows, Qwen2.5-Coder-1.5B Q4_K_M and its 0.5B Q5_0 draft; "
+            f"read bandwidth {bandwidth:.1f} GB/s"
         )
     )
     for column in ("tensors", "rows", "GGUF ms", "vs 1 row", "generic int8 ms", "GGUF vs generic"):

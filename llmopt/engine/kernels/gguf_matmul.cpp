@@ -9,10 +9,13 @@
 // Per panel and super-block (SB inputs: 256 for K-quants, 32 for the others), in this order:
 //   d [16] fp16; dm [16] fp16 (types with a per-block offset); sc [groups][16] (K-quants' sub-scales,
 //   u8, or i8 for Q3_K and Q6_K); m [groups][16] u8 (sub-offsets); the value words [words][16] u32 (a
-//   row's bytes 4w..4w+3 of its qs); the high-bit words [words][16] u32 (qh / hmask).
+//   row's bytes 4w..4w+3 of its qs, Q8_0's plus 128); the high-bit words [words][16] u32 (qh / hmask;
+//   Q5_0 / Q5_1's as 8 masks of 64 bits, see add_fifth_bits).
 // A group (16 or 32 inputs, the activation block too) has scale s = d * sc and offset o (dm * m, dm, or
 // a constant zero point times s): w = s * q - o, so y = sum_g s d_a sum(q a) - o xs_g, with xs_g the
-// group's dequantized activation sum, as quantized_matmul.cpp computes it.
+// group's dequantized activation sum, as quantized_matmul.cpp computes it. Q8_0, stored as q + 128, takes
+// y = sum_g s d_a (sum(q a) - 128 sum(a)) instead: its dot products start at -128 times the activation
+// block's int8 sum (see zero_point).
 // AVX-512 VNNI + BW only: other CPUs get the generic panels (gguf_panels.supported() in Python).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -26,9 +29,11 @@
 #include <cstdint>
 #include <cstring>
 #include <tuple>
+#include <vector>
 
 namespace llmopt_quant {
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_activations_with_block_sums(
+    const at::Tensor& x, int64_t group);
 }
 
 namespace llmopt_gguf {
@@ -44,6 +49,15 @@ enum GgmlType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K
 // arithmetic's on 4 of 10 prompts where blocks of 16 part on 2 (tests/engine/models/test_gemma3_gguf.py).
 enum Activations : int { kBlock32 = 0, kBlock16 = 1 };
 int activations_of(int64_t type) { return type == Q2_K || type == Q3_K || type == Q6_K ? kBlock16 : kBlock32; }
+// The constant a type's values are stored above, where its dot products start at -z times the activation
+// block's int8 sum (0: none). Q8_0's bytes are stored plus 128 (gguf_panels.py), vpdpbusd's u8 operand as
+// loaded, and the start takes the 128 back exactly: one instruction a row, where moving the sign onto the
+// activation took three, and the same bits. Q4_0 / Q5_0 (8, 16), Q3_K (4) and Q6_K (32) could start at
+// theirs in place of their offset's multiply-add, but that moves their outputs by fp32 rounding, for
+// little: 1.03x at 4 rows and 1.08x at 8 on the 1.5B's Q6_K ffn_down, and the Gemma 3 270M (Q5_0 where
+// its widths are not whole super-blocks) then parted from the exact arithmetic on one more greedy start
+// of ten (tests/engine/models/test_gemma3_gguf.py).
+int32_t zero_point(int64_t type) { return type == Q8_0 ? 128 : 0; }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr int kMaxRows = 8;  // rows a tile holds, as quantized_matmul.cpp's AVX-512 tile
@@ -58,6 +72,7 @@ struct Rows {
   const int8_t* a;     // int8 activations [R, K]
   const float* d;      // their scale per group [R, groups]
   const float* sums;   // their dequantized sum per group [R, groups]
+  const int32_t* zero; // -zero_point(type) times their int8 sum per group [R, groups]; null without one
   int64_t K, groups;
 };
 
@@ -75,6 +90,12 @@ inline void dot_quad(__m512i (&dot)[R], __m512i w, const Rows& x, int64_t k) {
 template <int R>
 inline void clear(__m512i (&dot)[R]) {
   for (int r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
+}
+
+// dot = -z sum(a) for group g: the dot products then add up to sum((q - z) a).
+template <int R>
+inline void start_at_zero_point(__m512i (&dot)[R], const Rows& x, int64_t g) {
+  for (int r = 0; r < R; ++r) dot[r] = _mm512_set1_epi32(x.zero[r * x.groups + g]);
 }
 
 // acc += s * d_a * dot - o * xs for group g.
@@ -104,18 +125,16 @@ inline __m512i crumbs(__m512i v, int shift) {
 inline __m512i add_where(__m512i q, __m512i h, uint8_t bit, int8_t add) {
   return _mm512_mask_add_epi8(q, _mm512_test_epi8_mask(h, _mm512_set1_epi8((char)bit)), q, _mm512_set1_epi8(add));
 }
-// Q5_0 / Q5_1: byte i of lane c gets bit (shift + i) of qh[c] (a u32 per column) as its fifth bit.
-inline __m512i add_fifth_bits(__m512i q, __m512i qh, int shift) {
-  const __m512i spread = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8,
-                                         4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12,
-                                         12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
-  const __m512i bytes = _mm512_shuffle_epi8(_mm512_srl_epi32(qh, _mm_cvtsi32_si128(shift)), spread);
-  const __mmask64 set = _mm512_test_epi8_mask(bytes, _mm512_set1_epi32(0x08040201));
-  return _mm512_mask_add_epi8(q, set, q, _mm512_set1_epi8(16));
+// q + 16 where the 64-bit mask at p has the byte's bit: Q5_0 / Q5_1's fifth bits, which gguf_panels.py
+// spreads into one mask per word and half (spread here, they took 8 of a word's 15 instructions).
+inline __m512i add_fifth_bits(__m512i q, const uint8_t* p) {
+  uint64_t bits;
+  std::memcpy(&bits, p, 8);
+  return _mm512_mask_add_epi8(q, _cvtu64_mask64(bits), q, _mm512_set1_epi8(16));
 }
 
 // Q4_0, Q4_1, Q5_0, Q5_1: one group of 32 a super-block; word w holds inputs 4w.. (low nibbles) and
-// 16 + 4w.. (high nibbles).
+// 16 + 4w.. (high nibbles); Q5's fifth bits are 8 masks, the low nibbles' of words 0-3, then the high's.
 template <int64_t Type, int R>
 const uint8_t* legacy4(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
   constexpr bool kOffset = Type == Q4_1 || Type == Q5_1, kFifth = Type == Q5_0 || Type == Q5_1;
@@ -125,15 +144,15 @@ const uint8_t* legacy4(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc
   if constexpr (kOffset) o = halves(p), p += 32;
   const uint8_t* words = p;
   p += 4 * 64;
-  __m512i qh;
-  if constexpr (kFifth) qh = load(p), p += 64;
+  const uint8_t* fifth = p;
+  if constexpr (kFifth) p += 64;
   __m512i dot[R];
   clear(dot);
 #pragma GCC unroll 16
   for (int w = 0; w < 4; ++w) {
     const __m512i v = load(words + w * 64);
     __m512i lo = low_nibbles(v), hi = high_nibbles(v);
-    if constexpr (kFifth) lo = add_fifth_bits(lo, qh, 4 * w), hi = add_fifth_bits(hi, qh, 16 + 4 * w);
+    if constexpr (kFifth) lo = add_fifth_bits(lo, fifth + 8 * w), hi = add_fifth_bits(hi, fifth + 32 + 8 * w);
     dot_quad(dot, lo, x, sb * 32 + 4 * w);
     dot_quad(dot, hi, x, sb * 32 + 16 + 4 * w);
   }
@@ -141,27 +160,15 @@ const uint8_t* legacy4(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc
   return p;
 }
 
-// Q8_0: signed bytes; the sign moves onto the activation, as quantized_matmul.cpp's int8 path does.
+// Q8_0: the signed bytes plus 128, its zero point.
 template <int R>
 const uint8_t* q8_0(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
   const __m512 d = halves(p);
   p += 32;
   __m512i dot[R];
-  clear(dot);
-  const __m512i zero = _mm512_setzero_si512();
+  start_at_zero_point(dot, x, sb);
 #pragma GCC unroll 16
-  for (int w = 0; w < 8; ++w, p += 64) {
-    const __m512i v = load(p), wq = _mm512_abs_epi8(v);
-    const __mmask64 negative = _mm512_movepi8_mask(v);
-    const int64_t k = sb * 32 + 4 * w;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, x.a + r * x.K + k, 4);
-      const __m512i ab = _mm512_set1_epi32(quad);
-      dot[r] = dot_u8s8(dot[r], wq, _mm512_mask_sub_epi8(ab, negative, zero, ab));
-    }
-  }
+  for (int w = 0; w < 8; ++w, p += 64) dot_quad(dot, load(p), x, sb * 32 + 4 * w);
   add_group<R, false>(acc, dot, d, d, x, sb);
   return p;
 }
@@ -308,7 +315,8 @@ void panel_tile(const uint8_t* p, const Rows& x, float* out, int64_t ldo) {
 template <int64_t Type>
 void panel_rows(const uint8_t* p, Rows x, int64_t M, float* out, int64_t ldo) {
   for (int64_t m = 0; m < M; m += kMaxRows) {
-    const Rows tile{x.a + m * x.K, x.d + m * x.groups, x.sums + m * x.groups, x.K, x.groups};
+    const Rows tile{x.a + m * x.K, x.d + m * x.groups, x.sums + m * x.groups,
+                    x.zero == nullptr ? nullptr : x.zero + m * x.groups, x.K, x.groups};
     switch (std::min<int64_t>(kMaxRows, M - m)) {
       case 1: panel_tile<Type, 1>(p, tile, out + m * ldo, ldo); break;
       case 2: panel_tile<Type, 2>(p, tile, out + m * ldo, ldo); break;
@@ -339,6 +347,14 @@ void run_panel(int64_t type, const uint8_t* p, const Rows& x, int64_t M, float* 
 }
 #endif
 
+// -z times each block sum (a plain loop: as an ATen op it cost 3.4 us a call, most of a small layer's).
+std::vector<int32_t> zero_starts(const at::Tensor& block_sums, int32_t z) {
+  const int32_t* sums = block_sums.data_ptr<int32_t>();
+  std::vector<int32_t> starts(block_sums.numel());
+  for (size_t i = 0; i < starts.size(); ++i) starts[i] = -z * sums[i];
+  return starts;
+}
+
 }  // namespace
 
 bool supported() {
@@ -366,23 +382,38 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& data, const at::Te
   // The activations once per block size the panels use (32 and 16 in a Q4_K_M fused q/k/v).
   bool wants[2] = {false, false};
   for (int64_t p = 0; p < panels; ++p) wants[activations_of(idx[2 * p + 1])] = true;
-  at::Tensor keep[2][3];
+  at::Tensor keep[2][4];
   Rows rows[2];
   const at::Tensor input = x.contiguous();
   for (int kind = 0; kind < 2; ++kind) {
     if (!wants[kind]) continue;
     const int64_t group = kind == kBlock16 ? 16 : 32;
     TORCH_CHECK(K % group == 0, "K a multiple of the type's block of ", group);
-    auto [q, d, sums] = llmopt_quant::quantize_activations(input, group);
-    keep[kind][0] = q, keep[kind][1] = d, keep[kind][2] = sums;
-    rows[kind] = Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), K, K / group};
+    auto [q, d, sums, block_sums] = llmopt_quant::quantize_activations_with_block_sums(input, group);
+    keep[kind][0] = q, keep[kind][1] = d, keep[kind][2] = sums, keep[kind][3] = block_sums;
+    rows[kind] = Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), nullptr, K, K / group};
+  }
+  // Per type, its activations and (where it has one) its zero point's starts.
+  constexpr int kTypes = Q6_K + 1;
+  Rows typed[kTypes]{};
+  std::vector<int32_t> zeros[kTypes];
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t type = idx[2 * p + 1];
+    TORCH_CHECK(type >= 0 && type < kTypes, "gguf_matmul: no kernel for ggml type ", type);
+    if (typed[type].a != nullptr) continue;
+    const int kind = activations_of(type);
+    typed[type] = rows[kind];
+    if (const int32_t z = zero_point(type)) {
+      zeros[type] = zero_starts(keep[kind][3], z);
+      typed[type].zero = zeros[type].data();
+    }
   }
   const uint8_t* base = data.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t type = idx[2 * p + 1];
-      run_panel(type, base + idx[2 * p], rows[activations_of(type)], M, op + p * 16, N);
+      run_panel(type, base + idx[2 * p], typed[type], M, op + p * 16, N);
     }
   });
 #endif

@@ -48,6 +48,7 @@ struct Activations {
   at::Tensor q;     // [M, K] int8
   at::Tensor d;     // [M, K / Block] fp32
   at::Tensor sums;  // [M, groups] fp32: xs above
+  at::Tensor block_sums;  // [M, K / Block] int32: each block's sum of int8 values (gguf_matmul's zero points)
 };
 
 // The reference in tests/engine/test_quantized_matmul.py does the same fp32 operations in the same
@@ -56,11 +57,12 @@ template <int Block>
 Activations quantize(const at::Tensor& x, int64_t group) {
   const int64_t M = x.size(0), K = x.size(1), blocks = K / Block, groups = K / group;
   Activations a{at::empty({M, K}, x.options().dtype(at::kChar)), at::empty({M, blocks}, x.options()),
-                at::zeros({M, groups}, x.options())};
+                at::zeros({M, groups}, x.options()), at::empty({M, blocks}, x.options().dtype(at::kInt))};
   const float* xp = x.data_ptr<float>();
   int8_t* qp = a.q.data_ptr<int8_t>();
   float* dp = a.d.data_ptr<float>();
   float* sp = a.sums.data_ptr<float>();
+  int32_t* bp = a.block_sums.data_ptr<int32_t>();
   at::parallel_for(0, M, 4, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m)
       for (int64_t b = 0; b < blocks; ++b) {
@@ -97,6 +99,7 @@ Activations quantize(const at::Tensor& x, int64_t group) {
         }
 #endif
         dp[m * blocks + b] = d;
+        bp[m * blocks + b] = sum;
         sp[m * groups + b * Block / group] += d * (float)sum;
       }
   });
@@ -278,14 +281,21 @@ Activations quantize_for(const at::Tensor& x, int64_t group) {
 
 }  // namespace
 
-// x [M, K] fp32 -> (int8 [M, K], block scales [M, K / block], group sums [M, K / group]), blocks of 16 for
-// groups of 16, else 32. Also called by gguf_matmul.cpp, whose formats take blocks the size of a group.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group) {
+// x [M, K] fp32 -> (int8 [M, K], block scales [M, K / block], group sums [M, K / group], each block's
+// int32 sum of its int8 values [M, K / block]), blocks of 16 for groups of 16, else 32. gguf_matmul.cpp,
+// whose formats take blocks the size of a group, starts its dot products at a zero point times the last.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> quantize_activations_with_block_sums(
+    const at::Tensor& x, int64_t group) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x: [M, K] fp32");
   TORCH_CHECK((group == kSmallGroup || group % kBlock == 0) && x.size(1) % group == 0,
               "K a multiple of the group, 16 or a multiple of 32");
   const Activations a = quantize_for(x.contiguous(), group);
-  return {a.q, a.d, a.sums};
+  return {a.q, a.d, a.sums, a.block_sums};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x, int64_t group) {
+  auto [q, d, sums, block_sums] = quantize_activations_with_block_sums(x, group);
+  return {q, d, sums};
 }
 
 // x: [M, K] fp32; w: [panels, K * 16] int8 (W8) or [panels, K * 8] uint8 (W4); scales: [panels, groups, 2,

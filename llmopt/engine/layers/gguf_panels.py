@@ -126,7 +126,8 @@ PIECES: dict[GGMLQuantizationType, Callable[[np.ndarray], Pieces]] = {
     T.Q4_1: lambda b: legacy_pieces(b, T.Q4_1),
     T.Q5_0: lambda b: legacy_pieces(b, T.Q5_0),
     T.Q5_1: lambda b: legacy_pieces(b, T.Q5_1),
-    T.Q8_0: lambda b: [halves(b, 0), words(b, 2, 34)],
+    # the signed bytes plus 128: the kernel's u8 operand as stored (its zero point is 128)
+    T.Q8_0: lambda b: [halves(b, 0), words(b, 2, 34) ^ np.uint32(0x80808080)],
     T.Q2_K: lambda b: [halves(b, 80), halves(b, 82), b[:, :16] & 15, b[:, :16] >> 4, words(b, 16, 80)],
     T.Q3_K: lambda b: [halves(b, 108), q3_k_scales(b), words(b, 32, 96), words(b, 0, 32)],
     T.Q4_K: lambda b: k_scale_pieces(b) + [words(b, 16, 144)],
@@ -140,6 +141,21 @@ PIECES: dict[GGMLQuantizationType, Callable[[np.ndarray], Pieces]] = {
         q6_k_triples(b),
     ],
 }
+
+
+def fifth_bit_masks(qh: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1's interleaved fifth bits [panels, supers, 64] (a u32 per row) as the kernel's 8 masks
+    of 64 bits: mask j (< 4: word j's low nibbles, else word j - 4's high) has bit 4c + i set where row c's
+    input 4j + i (16 + 4(j - 4) + i) has its fifth bit."""
+    bits = qh.view("<u4").astype(np.uint64)  # [panels, supers, 16 rows]
+    lanes = np.arange(COLUMNS, dtype=np.uint64) * np.uint64(4)
+    masks = [
+        (((bits >> np.uint64(16 * (j // 4) + 4 * (j % 4))) & np.uint64(15)) << lanes).sum(
+            axis=2, dtype=np.uint64
+        )
+        for j in range(8)
+    ]
+    return np.ascontiguousarray(np.stack(masks, axis=2).astype("<u8")).view(np.uint8)
 
 
 def interleave(piece: np.ndarray, panels: int, supers: int) -> np.ndarray:
@@ -156,6 +172,8 @@ def pack(blocks: GGUFBlocks) -> GGUFPanels:
     panels, supers = rows // COLUMNS, blocks.in_features // SUPER[blocks.type]
     per_block = blocks.data.reshape(rows * supers, -1)  # one super-block a row
     interleaved = [interleave(piece, panels, supers) for piece in PIECES[blocks.type](per_block)]
+    if blocks.type in (T.Q5_0, T.Q5_1):
+        interleaved[-1] = fifth_bit_masks(interleaved[-1])
     data = np.concatenate(interleaved, axis=2).reshape(panels, -1)
     offsets = np.arange(panels, dtype=np.int64) * data.shape[1]
     index = np.stack([offsets, np.full(panels, int(blocks.type), np.int64)], axis=1)
