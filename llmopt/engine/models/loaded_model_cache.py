@@ -64,8 +64,10 @@ def cache_key(gguf: Path, dtype: torch.dtype, lm_head_dtype: str) -> str:
 
 
 def sources_digest() -> str:
-    """The engine's Python sources' content (about 5 ms to read here)."""
+    """The engine's sources' content (about 5 ms to read here): its Python and its kernels' C++, which
+    read the saved panels' layout (a layout the kernel alone changes must not map in a stale file)."""
     digest = hashlib.sha256()
-    for path in sorted(ENGINE_SOURCES.rglob("*.py")):
+    paths = [p for pattern in ("*.py", "*.cpp", "*.h") for p in ENGINE_SOURCES.rglob(pattern)]
+    for path in sorted(paths):
         digest.update(path.relative_to(ENGINE_SOURCES).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()

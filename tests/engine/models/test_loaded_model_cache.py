@@ -57,3 +57,19 @@ def test_the_key_changes_with_what_the_model_depends_on(tmp_path, monkeypatch):
     monkeypatch.undo()
     gguf.write_bytes(b"GGUF, another file")
     assert cache_key(gguf, torch.float32, "auto") != key
+
+
+def test_the_sources_digest_reads_the_kernels_too(tmp_path, monkeypatch):
+    """A panel layout the C++ kernel alone changes (gguf_matmul.cpp reads what gguf_panels.py packs)
+    must not map in a file saved for the old one."""
+    (tmp_path / "layers").mkdir()
+    (tmp_path / "layers" / "panels.py").write_text("COLUMNS = 16\n")
+    (tmp_path / "kernels").mkdir()
+    kernel = tmp_path / "kernels" / "matmul.cpp"
+    kernel.write_text("// Q8_0 as signed bytes\n")
+    monkeypatch.setattr(loaded_model_cache, "ENGINE_SOURCES", tmp_path)
+    before = loaded_model_cache.sources_digest()
+    kernel.write_text("// Q8_0 as signed bytes plus 128\n")
+    assert loaded_model_cache.sources_digest() != before
+    (tmp_path / "kernels" / "vector_math.h").write_text("// a header\n")
+    assert loaded_model_cache.sources_digest() != before
