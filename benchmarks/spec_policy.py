@@ -15,7 +15,10 @@ prefill is served from the other's cache.
 
 Per point: off's and auto's output tok/s (mean over repeats), auto/off (the mean of each repeat's paired
 ratio) and the lowest paired ratio; auto's acceptance, tokens per verification and proposed positions per
-output token (its lookup share). Refuses a busy machine (1-minute load over 0.5) unless --allow-busy.
+output token (its lookup share). On the 2-core VM one pair's ratio varies by +-5 % (a mode's own runs
+of the same prompts differ that much), so a single pair says little: the default 2 repeats take ~9
+minutes, --repeats 4 ~17 and cut the mean's noise by a factor of 1.4. Refuses a busy machine (1-minute
+load over 0.5) unless --allow-busy.
 Writes results/spec_policy_<model>.json (`make figures` renders docs/figures/ from it).
 
     .venv/bin/python benchmarks/spec_policy.py [--model qwen2.5-coder-1.5b] [--streams 1,4,8]
@@ -44,7 +47,8 @@ from results import write_result
 
 MODES = ("off", "auto")
 CHAT_PROMPT_TOKENS = 128
-# Fresh coding tasks: every function in every language is asked once a run (84 with the defaults).
+# Fresh coding tasks: every function in every language is asked once a run (56 with the defaults, 112
+# with --repeats 4).
 FUNCTIONS = [
     "merges two sorted lists into one sorted list",
     "returns the n-th Fibonacci number iteratively",
@@ -63,7 +67,7 @@ FUNCTIONS = [
     "finds the longest common prefix of a list of strings",
     "converts a snake_case identifier to camelCase",
 ]
-LANGUAGES = ["Python", "JavaScript", "Go", "Rust", "Java", "TypeScript"]
+LANGUAGES = ["Python", "JavaScript", "Go", "Rust", "Java", "TypeScript", "C++", "C#"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,11 @@ class Run:
         return self.tokens / self.seconds
 
 
+def requests(streams: int) -> int:
+    """A point's requests: enough that new ones arrive while `streams` others run."""
+    return max(2 * streams, 4)
+
+
 def run_arrivals(engine: LLMEngine, prompts: list[list[int]], streams: int, output_len: int) -> Run:
     """Every prompt to `output_len` tokens, `streams` in flight: a new one joins when one finishes."""
     engine.scheduler.max_num_seqs = streams
@@ -202,7 +211,7 @@ def measure(engine: LLMEngine, args: argparse.Namespace, console: Console) -> li
         for streams in args.streams:
             point = Point(workload.name, streams)
             for repeat in range(args.repeats):
-                batch = prompts.take(workload.name, max(2 * streams, 4))
+                batch = prompts.take(workload.name, requests(streams))
                 for mode in rotated(list(MODES), repeat):
                     speculation.use(mode)
                     run = run_arrivals(engine, batch, streams, args.output_len or workload.output_len)
@@ -250,7 +259,7 @@ def parse_args() -> argparse.Namespace:
     )
     ap.add_argument("--streams", default="1,4,8", help="comma-separated stream counts")
     # Two: each mode goes first once, so what running first or second costs cancels in the mean ratio
-    # (and the run stays near 12 minutes on the 2-core machine: a third repeat adds half again).
+    # (and the run takes ~9 minutes on the 2-core machine; each further repeat adds ~4).
     ap.add_argument("--repeats", type=int, default=2, help="paired runs of each point, modes taking turns")
     ap.add_argument("--output-len", type=int, default=None, help="tokens out (default: 64 chat, 160 code)")
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
@@ -259,6 +268,9 @@ def parse_args() -> argparse.Namespace:
     args.streams = [int(s) for s in args.streams.split(",")]
     if args.quick:
         args.streams, args.repeats, args.output_len = [1, 2], 1, 16
+    tasks = args.repeats * sum(requests(streams) for streams in args.streams)
+    if tasks > len(FUNCTIONS) * len(LANGUAGES):
+        ap.error(f"{tasks} coding tasks asked, {len(FUNCTIONS) * len(LANGUAGES)} fresh ones: fewer repeats")
     args.model_file = str(assemble(args.model)) if args.model in MODELS else args.model
     return args
 
