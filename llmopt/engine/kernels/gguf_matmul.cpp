@@ -345,7 +345,6 @@ void run_panel(int64_t type, const uint8_t* p, const Rows& x, int64_t M, float* 
     default: TORCH_CHECK(false, "gguf_matmul: no kernel for ggml type ", type);
   }
 }
-#endif
 
 // -z times each block sum (a plain loop: as an ATen op it cost 3.4 us a call, most of a small layer's).
 std::vector<int32_t> zero_starts(const at::Tensor& block_sums, int32_t z) {
@@ -354,6 +353,39 @@ std::vector<int32_t> zero_starts(const at::Tensor& block_sums, int32_t z) {
   for (size_t i = 0; i < starts.size(); ++i) starts[i] = -z * sums[i];
   return starts;
 }
+
+// Each panel type's activations: quantized once per block size the panels use (32 and 16 in a Q4_K_M
+// fused q/k/v), with the type's zero point's starts where it has one. Owns what its Rows point at.
+struct TypedActivations {
+  static constexpr int kTypes = Q6_K + 1;
+  Rows of[kTypes]{};
+  at::Tensor kept[2][4];
+  std::vector<int32_t> zeros[kTypes];
+
+  void prepare(const at::Tensor& x, const int64_t* idx, int64_t panels) {
+    const int64_t K = x.size(1);
+    Rows by_kind[2]{};
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t type = idx[2 * p + 1];
+      TORCH_CHECK(type >= 0 && type < kTypes, "gguf_matmul: no kernel for ggml type ", type);
+      if (of[type].a != nullptr) continue;
+      const int kind = activations_of(type);
+      if (by_kind[kind].a == nullptr) {
+        const int64_t group = kind == kBlock16 ? 16 : 32;
+        TORCH_CHECK(K % group == 0, "K a multiple of the type's block of ", group);
+        auto [q, d, sums, block_sums] = llmopt_quant::quantize_activations_with_block_sums(x, group);
+        kept[kind][0] = q, kept[kind][1] = d, kept[kind][2] = sums, kept[kind][3] = block_sums;
+        by_kind[kind] = Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), nullptr, K, K / group};
+      }
+      of[type] = by_kind[kind];
+      if (const int32_t z = zero_point(type)) {
+        zeros[type] = zero_starts(kept[kind][3], z);
+        of[type].zero = zeros[type].data();
+      }
+    }
+  }
+};
+#endif
 
 }  // namespace
 
@@ -379,41 +411,14 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& data, const at::Te
   if (M == 0 || panels == 0) return out;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
   const int64_t* idx = index.data_ptr<int64_t>();
-  // The activations once per block size the panels use (32 and 16 in a Q4_K_M fused q/k/v).
-  bool wants[2] = {false, false};
-  for (int64_t p = 0; p < panels; ++p) wants[activations_of(idx[2 * p + 1])] = true;
-  at::Tensor keep[2][4];
-  Rows rows[2];
-  const at::Tensor input = x.contiguous();
-  for (int kind = 0; kind < 2; ++kind) {
-    if (!wants[kind]) continue;
-    const int64_t group = kind == kBlock16 ? 16 : 32;
-    TORCH_CHECK(K % group == 0, "K a multiple of the type's block of ", group);
-    auto [q, d, sums, block_sums] = llmopt_quant::quantize_activations_with_block_sums(input, group);
-    keep[kind][0] = q, keep[kind][1] = d, keep[kind][2] = sums, keep[kind][3] = block_sums;
-    rows[kind] = Rows{q.data_ptr<int8_t>(), d.data_ptr<float>(), sums.data_ptr<float>(), nullptr, K, K / group};
-  }
-  // Per type, its activations and (where it has one) its zero point's starts.
-  constexpr int kTypes = Q6_K + 1;
-  Rows typed[kTypes]{};
-  std::vector<int32_t> zeros[kTypes];
-  for (int64_t p = 0; p < panels; ++p) {
-    const int64_t type = idx[2 * p + 1];
-    TORCH_CHECK(type >= 0 && type < kTypes, "gguf_matmul: no kernel for ggml type ", type);
-    if (typed[type].a != nullptr) continue;
-    const int kind = activations_of(type);
-    typed[type] = rows[kind];
-    if (const int32_t z = zero_point(type)) {
-      zeros[type] = zero_starts(keep[kind][3], z);
-      typed[type].zero = zeros[type].data();
-    }
-  }
+  TypedActivations activations;
+  activations.prepare(x.contiguous(), idx, panels);
   const uint8_t* base = data.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t type = idx[2 * p + 1];
-      run_panel(type, base + idx[2 * p], typed[type], M, op + p * 16, N);
+      run_panel(type, base + idx[2 * p], activations.of[type], M, op + p * 16, N);
     }
   });
 #endif
