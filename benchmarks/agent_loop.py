@@ -42,7 +42,7 @@ from harness import (
     spread,
     subject_names,
 )
-from real_models import MODELS, assemble, result_name
+from real_models import MODELS, model_argument, result_name
 from rich.console import Console
 from rich.table import Table
 
@@ -203,7 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a smoke run: one round, tiny sizes, llmopt only")
     args = ap.parse_args(argv)
     args.subjects = subject_names(ap, args.subjects, SUBJECTS)
-    args.model_file = str(assemble(args.model)) if args.model in MODELS else args.model
+    args.model_file = model_argument(args.model)
     if args.quick:
         args.rounds, args.sessions, args.turns, args.system_len, args.turn_len, args.output_len = (
             1,

@@ -59,6 +59,12 @@ def result_name(base: str, model: str | None) -> str:
     return f"{base}_{name.replace('.', '_')}"
 
 
+def model_argument(model: str | None) -> str | None:
+    """What a benchmark's --model gives the engine: a real model's name here assembled into its file; a
+    path, or None (the bundled model), as given."""
+    return str(assemble(model)) if model in MODELS else model
+
+
 def gguf_dir() -> Path:
     """llmopt's cache of GGUF files (the same folder llmopt.checkpoints puts gemma3-270m in)."""
     return Path(os.environ.get("LLMOPT_CACHE", Path.home() / ".cache" / "llmopt")) / "gguf"

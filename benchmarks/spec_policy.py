@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from harness import CorpusCursor, MachineLoad, rotated
-from real_models import MODELS, assemble, result_name
+from real_models import MODELS, model_argument, result_name
 from rich.console import Console
 from rich.table import Table
 
@@ -271,7 +271,7 @@ def parse_args() -> argparse.Namespace:
     tasks = args.repeats * sum(requests(streams) for streams in args.streams)
     if tasks > len(FUNCTIONS) * len(LANGUAGES):
         ap.error(f"{tasks} coding tasks asked, {len(FUNCTIONS) * len(LANGUAGES)} fresh ones: fewer repeats")
-    args.model_file = str(assemble(args.model)) if args.model in MODELS else args.model
+    args.model_file = model_argument(args.model)
     return args
 
 
