@@ -65,8 +65,9 @@ def generic_matmul(x: torch.Tensor, panels) -> torch.Tensor:
 def measure(rows: list[int], repeats: int) -> list[dict]:
     """Per tensor set and row count: the GGUF kernel's and the generic panels' best time."""
     results = []
+    files = {model: read_gguf_file(assemble(model)) for model, _ in TENSOR_SETS.values()}
     for label, (model, names) in TENSOR_SETS.items():
-        gguf = read_gguf_file(assemble(model))
+        gguf = files[model]
         native, generic = [], []
         for name in names(gguf):
             info = gguf.tensors[name]
