@@ -406,6 +406,30 @@ def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back
     assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
 
 
+def test_a_draft_that_stops_paying_gives_its_blocks_back_while_its_request_runs(model_dir, tiny_draft):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": 3},
+    )
+    engine = llm.engine
+    speculator, proposer = engine.speculator, engine.proposer
+    speculator.cost = measured(QWEN_15B, draft_seconds=0.013)
+    speculator.cost.record_step = speculator.cost.record_draft = lambda *args: None  # kept as measured
+    speculator.proposal_acceptance = ProposalAcceptance(passed=8, tested=10)
+    engine.add_request(llm.tokenizer.encode(PROMPTS[0]), greedy(32))
+    while not engine.stats().spec_drafts:
+        engine.step()
+    assert proposer.states, "it drafted, so the draft holds the request's KV"
+    [seq] = engine.scheduler.running
+    speculator.proposal_acceptance = ProposalAcceptance(passed=1, tested=100)
+    seq.spec_passed, seq.spec_tested = 0.0, 100.0  # its proposals stop paying
+    engine.step()
+    engine.step()
+    assert engine.has_unfinished_requests() and seq.spec_skip > 0
+    assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+
+
 def test_the_draft_takes_an_agent_turns_history_from_its_own_prefix_cache(model_dir, hf_greedy, tiny_draft):
     """The next turn replays the last one: the draft prefills only what is new."""
     llm = verifying_everything(

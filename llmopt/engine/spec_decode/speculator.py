@@ -103,7 +103,13 @@ class Speculator:
         if not offers:
             return
         plan(offers, len(decoding), self.cost)
-        drafts = [(o.seq, taken) for o in offers if (taken := settle(o)) and o.drafted]
+        drafts = []
+        for offer in offers:
+            taken = settle(offer)
+            if offer.drafted and taken:
+                drafts.append((offer.seq, taken))
+            elif offer.drafted:  # settle stopped its drafting for the rest of the request
+                self.proposer.release(offer.seq.request_id)
         if drafts:
             self._draft([seq for seq, _ in drafts], [taken for _, taken in drafts])
 
