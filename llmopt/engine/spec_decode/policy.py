@@ -5,8 +5,9 @@ accepted; it costs one more row in the step and, as the deepest one, one more dr
 taken, first to last across the sequences, while they raise the step's expected tokens per second. So a
 memory-bound step at batch 1 takes several, an arithmetic-bound batch of 8 only the likeliest, and text
 whose proposals fail takes none: its sequence then probes one n-gram position now and then (ever more
-rarely while probes fail) to notice when its text turns repetitive, or stops drafting for the rest of
-the request. None of this changes outputs: it only decides what is verified."""
+rarely while probes fail, and only in steps whose rows are cheap) to notice when its text turns
+repetitive, or stops drafting for the rest of the request. None of this changes outputs: it only decides
+what is verified."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from llmopt.engine.spec_decode.step_cost import StepCost
 # and then more keep a stream whose lookups always fail above 0.99x of no speculation.
 PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 256
+# A due probe is verified only where a proposal accepted this often would pay for its row: at one and two
+# rows, not at four and more, where a row costs about what a sure proposal saves and the plan takes only
+# near-certain ones (the 1.5B here: 4 rows 64 ms, 5 rows 81 ms; probes cost code at 4 streams ~2 %).
+PROBE_RATE = 0.5
 ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its latest
 PRIOR_POSITIONS = 2.0  # the engine-wide acceptance counts as this many positions of a new sequence's
 MAX_FORCED_POSITIONS = 16  # forced proposals tracked per position (more than a verification takes)
@@ -74,7 +79,9 @@ class Offer:
     rates: list[float]
     drafted: bool = False  # each position deeper than the others' costs a draft model's step
     forced: bool = False
+    probe: bool = False  # its sequence's probe is due
     taken: int = 0  # positions the plan takes
+    probed: int = 0  # of those, the probe's
 
 
 def forced_offer(seq: Sequence, acceptance: ForcedAcceptance) -> Offer:
@@ -84,11 +91,10 @@ def forced_offer(seq: Sequence, acceptance: ForcedAcceptance) -> Offer:
 
 
 def proposer_offer(seq: Sequence, positions: int, engine: ProposalAcceptance, drafted: bool) -> Offer:
-    """Up to `positions` proposals for `seq`, each accepted with its rate after the one before; a probe
-    that is due takes the first whatever the plan says."""
+    """Up to `positions` proposals for `seq`, each accepted with its rate after the one before."""
     rate = acceptance_rate(seq, engine)
     rates = [rate ** (i + 1) for i in range(positions)]
-    return Offer(seq, rates, drafted=drafted, taken=int(seq.spec_probe_due and positions > 0))
+    return Offer(seq, rates, drafted=drafted, probe=seq.spec_probe_due and positions > 0)
 
 
 def catch_up_pays(
@@ -108,19 +114,29 @@ def catch_up_pays(
 
 
 def plan(offers: list[Offer], decoding_rows: int, cost: StepCost) -> None:
-    """Set each offer's `taken`: positions taken first to last across the offers, likeliest first, while
-    each raises the step's expected tokens per second (`decoding_rows` rows and tokens before any)."""
-    rows = decoding_rows + sum(o.taken for o in offers)
-    tokens = decoding_rows + sum(sum(o.rates[: o.taken]) for o in offers)
-    depth = max((o.taken for o in offers if o.drafted), default=0)
+    """Set each offer's `taken`: a due probe's first position where one accepted at PROBE_RATE would
+    pay, then positions first to last across the offers, likeliest first, while each raises the step's
+    expected tokens per second (`decoding_rows` rows and tokens before any)."""
+    rows, tokens, depth = decoding_rows, float(decoding_rows), 0
+    for offer in (o for o in offers if o.probe):
+        new_depth = max(depth, 1) if offer.drafted else depth
+        if pays(PROBE_RATE, rows, tokens, depth, new_depth, cost):
+            offer.taken = offer.probed = 1
+            rows, tokens, depth = rows + 1, tokens + offer.rates[0], new_depth
     for position in range(max((len(o.rates) for o in offers), default=0)):
         here = [o for o in offers if o.taken == position < len(o.rates)]
         for offer in sorted(here, key=lambda o: -o.rates[position]):
             new_depth = max(depth, position + 1) if offer.drafted else depth
             gain = offer.rates[position]
-            if (tokens + gain) * cost.proposing(rows, depth) <= tokens * cost.proposing(rows + 1, new_depth):
+            if not pays(gain, rows, tokens, depth, new_depth, cost):
                 break
             offer.taken, rows, tokens, depth = position + 1, rows + 1, tokens + gain, new_depth
+
+
+def pays(gain: float, rows: int, tokens: float, depth: int, new_depth: int, cost: StepCost) -> bool:
+    """Whether one more row, expected to add `gain` tokens (and to deepen the draft to `new_depth`),
+    raises the expected tokens per second of a step of `rows` rows and `tokens` tokens."""
+    return (tokens + gain) * cost.proposing(rows, depth) > tokens * cost.proposing(rows + 1, new_depth)
 
 
 def settle(offer: Offer) -> int:
@@ -134,7 +150,7 @@ def settle(offer: Offer) -> int:
         seq.spec_num_forced = min(seq.spec_num_forced, kept)
         return kept
     del seq.spec_token_ids[offer.taken :]
-    probed, seq.spec_probe_due = seq.spec_probe_due, False
+    seq.spec_probe_due = False
     if offer.taken == 0 and offer.drafted:
         # Resuming would first cost the draft a prefill of every token since (measured: ~7 % of the
         # paused steps' time for the 0.5B drafting for the 1.5B, whatever the pause): it stops for good.
@@ -142,7 +158,7 @@ def settle(offer: Offer) -> int:
     elif offer.taken == 0:
         seq.spec_skip, seq.spec_probe_due = seq.spec_probe_interval or PROBE_INTERVAL, True
         seq.spec_probe_interval = min(2 * seq.spec_skip, MAX_PROBE_INTERVAL)
-    elif offer.taken > probed:  # the plan itself took a position: proposals pay again
+    elif offer.taken > offer.probed:  # the plan itself took a position: proposals pay again
         seq.spec_probe_interval = 0
     return offer.taken
 
