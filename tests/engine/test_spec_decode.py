@@ -176,6 +176,23 @@ def test_ngram_lookup_finds_the_latest_longest_match():
     assert proposer.lookup([4, 4], 2) == [4]
 
 
+def test_ngram_lookup_agrees_with_its_definition_on_random_contexts():
+    def defined(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+        for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+            for end in range(len(tokens) - 2, n - 2, -1):  # the latest earlier occurrence first
+                if tokens[end - n + 1 : end + 1] == tokens[-n:]:
+                    return tokens[end + 1 : end + 1 + k]
+        return []
+
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        min_n = int(rng.integers(1, 4))
+        max_n = int(rng.integers(min_n, 6))
+        tokens = rng.integers(0, int(rng.integers(1, 6)), size=int(rng.integers(1, 40))).tolist()
+        config = SpeculativeConfig("ngram", 4, prompt_lookup_min=min_n, prompt_lookup_max=max_n)
+        assert NgramProposer(config).lookup(tokens, 4) == defined(tokens, 4, min_n, max_n), tokens
+
+
 # ---- the rejection sampler keeps the target distribution ------------------------------------------
 
 TARGET_LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.0])

@@ -21,12 +21,19 @@ class NgramProposer:
         """Nothing to free: n-gram lookups keep no per-request state."""
 
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
-        """The k tokens that followed the latest earlier occurrence of the longest suffix n-gram."""
+        """The k tokens that followed the latest earlier occurrence of the longest suffix n-gram: one pass
+        over the earlier occurrences of the last token, each extended backwards (a sliding window per n
+        took ~60 us a sequence and step, ~0.3 % of a 4-stream step on the 1.5B)."""
         context = np.asarray(token_ids)
-        for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
-            windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)
-            matches = np.flatnonzero((windows == context[-n:]).all(axis=1))
-            if len(matches):
-                start = int(matches[-1]) + n
-                return context[start : start + k].tolist()
-        return []
+        last = len(context) - 1
+        longest = min(self.max_n, last)
+        ends = np.flatnonzero(context[:-1] == context[-1])  # where an earlier occurrence ends
+        matched = np.ones(len(ends), dtype=np.int64)  # its length, up to `longest`
+        for back in range(1, longest):
+            extends = (matched == back) & (ends >= back)
+            extends[extends] = context[ends[extends] - back] == context[last - back]
+            matched += extends
+        if not len(ends) or (best := int(matched.max())) < self.min_n:
+            return []
+        start = int(ends[np.flatnonzero(matched == best)[-1]]) + 1
+        return context[start : start + k].tolist()
