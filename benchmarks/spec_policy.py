@@ -9,15 +9,17 @@ Two workloads, greedy, every answer to its full length (ignore_eos, so both mode
 - code: short coding tasks, 160 tokens out: answers copy identifiers, where lookups pay.
 At --streams 1, 4 and 8, with continuous arrivals: 2x streams requests (at least 4), `streams` kept in
 flight, a new one added as one finishes. Every (workload, streams, repeat) point has fresh prompts, the
-same for both modes; the modes take turns, the first alternating each repeat, and the text each writes is
-checked equal (speculation must not change greedy output). Prefix caching is off, so neither mode's
-prefill is served from the other's cache.
+same for both modes, and the text each writes is checked equal (speculation must not change greedy
+output). Prefix caching is off, so neither mode's prefill is served from a cache.
+
+Each mode has its own engine (the model mapped once from the saved loaded model, so both read the same
+pages), and the two runs of a point take turns step by step: a mode's time is the sum of its own steps.
+The 2-core VM's speed swings by a third over tens of seconds; modes taking turns a run at a time put those
+swings into the ratio (pairs of one point ranged 0.79x-1.02x), taking turns a step at a time cancels them.
 
 Per point: off's and auto's output tok/s (mean over repeats), auto/off (the mean of each repeat's paired
 ratio) and the lowest paired ratio; auto's acceptance, tokens per verification and proposed positions per
-output token (its lookup share). On the 2-core VM one pair's ratio varies by +-5 % (a mode's own runs
-of the same prompts differ that much), so a single pair says little: the default 2 repeats take ~9
-minutes, --repeats 4 ~17 and cut the mean's noise by a factor of 1.4. Refuses a busy machine (1-minute
+output token (its lookup share). The default 2 repeats take ~9 minutes. Refuses a busy machine (1-minute
 load over 0.5) unless --allow-busy.
 Writes results/spec_policy_<model>.json (`make figures` renders docs/figures/ from it).
 
@@ -42,7 +44,6 @@ from rich.table import Table
 from llmopt import SamplingParams
 from llmopt.engine.config import EngineConfig
 from llmopt.engine.llm_engine import LLMEngine
-from llmopt.engine.spec_decode.policy import ProposalAcceptance
 from results import write_result
 
 MODES = ("off", "auto")
@@ -101,30 +102,10 @@ class Prompts:
         return [self.engine.chat_token_ids([{"role": "user", "content": text}]) for text in texts]
 
 
-class Speculation:
-    """Turns the engine's default speculation off and on again. Both modes run on one engine: the model
-    is loaded once, and the modes take turns within one process, so the VM's speed drifting over minutes
-    falls on both alike instead of on the ratio. Each mode keeps its own engine-wide acceptance (off never
-    records one); the measured step costs are shared, as a server speculating by default measures them on
-    every step (a step's cost by its rows is the same whichever mode ran it)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        speculator = engine.speculator
-        assert speculator.config is not None, "the engine is built with speculative_config='auto'"
-        self.speculator = speculator
-        self.settings = {
-            "off": (None, None, ProposalAcceptance()),
-            "auto": (speculator.config, speculator.proposer, ProposalAcceptance()),
-        }
-
-    def use(self, mode: str) -> None:
-        s = self.speculator
-        s.config, s.proposer, s.proposal_acceptance = self.settings[mode]
-
-
 @dataclass
 class Run:
-    """One mode's run of a point's prompts: its wall time, each prompt's output, auto's proposals."""
+    """One mode's run of a point's prompts: the seconds of its own steps, each prompt's output, auto's
+    proposals."""
 
     seconds: float
     outputs: list[list[int]]
@@ -146,32 +127,57 @@ def requests(streams: int) -> int:
     return max(2 * streams, 4)
 
 
-def run_arrivals(engine: LLMEngine, prompts: list[list[int]], streams: int, output_len: int) -> Run:
-    """Every prompt to `output_len` tokens, `streams` in flight: a new one joins when one finishes."""
-    engine.scheduler.max_num_seqs = streams
-    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
-    before = engine.stats()
-    index: dict[str, int] = {}
-    outputs: list[list[int]] = [[] for _ in prompts]
-    waiting = list(enumerate(prompts))
-    start = time.perf_counter()
-    while waiting or engine.has_unfinished_requests():
-        while waiting and len(index) < streams:
-            i, prompt = waiting.pop(0)
-            index[engine.add_request(prompt, params)] = i
-        for out in engine.step():
-            outputs[index[out.request_id]] += out.new_token_ids
+class Arrivals:
+    """Every prompt to `output_len` tokens on one engine, `streams` in flight: a new one joins when one
+    finishes. Advanced a step at a time, so that two modes' runs can take turns step by step; `seconds`
+    counts only this run's own steps (admissions included)."""
+
+    def __init__(self, engine: LLMEngine, prompts: list[list[int]], streams: int, output_len: int) -> None:
+        engine.scheduler.max_num_seqs = streams
+        self.engine, self.streams = engine, streams
+        self.params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+        self.before = engine.stats()
+        self.index: dict[str, int] = {}
+        self.outputs: list[list[int]] = [[] for _ in prompts]
+        self.waiting = list(enumerate(prompts))
+        self.seconds = 0.0
+
+    @property
+    def done(self) -> bool:
+        return not self.waiting and not self.engine.has_unfinished_requests()
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        while self.waiting and len(self.index) < self.streams:
+            i, prompt = self.waiting.pop(0)
+            self.index[self.engine.add_request(prompt, self.params)] = i
+        for out in self.engine.step():
+            self.outputs[self.index[out.request_id]] += out.new_token_ids
             if out.finished:
-                del index[out.request_id]
-    seconds = time.perf_counter() - start
-    after = engine.stats()
-    return Run(
-        seconds,
-        outputs,
-        after.spec_drafts - before.spec_drafts,
-        after.spec_draft_tokens - before.spec_draft_tokens,
-        after.spec_accepted_tokens - before.spec_accepted_tokens,
-    )
+                del self.index[out.request_id]
+        self.seconds += time.perf_counter() - start
+
+    def run(self) -> Run:
+        after = self.engine.stats()
+        return Run(
+            self.seconds,
+            self.outputs,
+            after.spec_drafts - self.before.spec_drafts,
+            after.spec_draft_tokens - self.before.spec_draft_tokens,
+            after.spec_accepted_tokens - self.before.spec_accepted_tokens,
+        )
+
+
+def run_in_turns(runs: list[Arrivals]) -> None:
+    """Step each run in turn, the first alternating every round, until all are done: the VM's speed,
+    which swings by a third over tens of seconds (one mode's 25-second run measured 31 ms a step, the
+    other's next to it 45), then falls on every mode alike, step by step."""
+    for round_index in itertools.count():
+        pending = [r for r in runs if not r.done]
+        if not pending:
+            return
+        for run in rotated(pending, round_index):
+            run.step()
 
 
 @dataclass
@@ -200,27 +206,26 @@ class Point:
         }
 
 
-def measure(engine: LLMEngine, args: argparse.Namespace, console: Console) -> list[Point]:
-    speculation = Speculation(engine)
-    prompts = Prompts(engine, CorpusCursor(engine.tokenizer))
-    for mode in MODES:  # each mode's first steps (and its row counts' first costs) before any timing
-        speculation.use(mode)
-        run_arrivals(engine, prompts.take("chat", 1), 1, 16)
+def measure(engines: dict[str, LLMEngine], args: argparse.Namespace, console: Console) -> list[Point]:
+    prompts = Prompts(engines["off"], CorpusCursor(engines["off"].tokenizer))
+    for engine in engines.values():  # each mode's first steps (and its row counts' first costs) untimed
+        run_in_turns([Arrivals(engine, prompts.take("chat", 1), 1, 16)])
     points = []
     for workload in WORKLOADS:
         for streams in args.streams:
             point = Point(workload.name, streams)
             for repeat in range(args.repeats):
                 batch = prompts.take(workload.name, requests(streams))
-                for mode in rotated(list(MODES), repeat):
-                    speculation.use(mode)
-                    run = run_arrivals(engine, batch, streams, args.output_len or workload.output_len)
-                    point.runs[mode].append(run)
-                    console.print(
-                        f"{workload.name}, {streams} streams, repeat {repeat + 1}: {mode} "
-                        f"{run.tok_s:.1f} tok/s ({run.seconds:.1f} s)"
-                    )
+                output_len = args.output_len or workload.output_len
+                arrivals = {mode: Arrivals(engines[mode], batch, streams, output_len) for mode in MODES}
+                run_in_turns(list(arrivals.values()))
+                for mode in MODES:
+                    point.runs[mode].append(arrivals[mode].run())
                 off, auto = point.runs["off"][-1], point.runs["auto"][-1]
+                console.print(
+                    f"{workload.name}, {streams} streams, repeat {repeat + 1}: off {off.tok_s:.1f} tok/s, "
+                    f"auto {auto.tok_s:.1f} tok/s ({auto.tok_s / off.tok_s:.3f}x)"
+                )
                 assert auto.outputs == off.outputs, (
                     f"auto changed the greedy text ({workload.name}, {streams} streams)"
                 )
@@ -252,15 +257,32 @@ def table(points: list[Point], title: str, load: MachineLoad) -> Table:
     return t
 
 
+def engine_for(model: str, mode: str, max_num_seqs: int) -> LLMEngine:
+    """A mode's engine. The loaded model is mapped from one saved file, so the two engines share its
+    pages (and memory reads) instead of holding two copies."""
+    engine = LLMEngine(
+        EngineConfig(
+            model=model,
+            speculative_config=None if mode == "off" else mode,
+            enable_prefix_caching=False,
+            kv_disk_gb=0,
+            max_num_seqs=max_num_seqs,
+            max_model_len=4096,
+        )
+    )
+    engine.warm_up()
+    return engine
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model", default="qwen2.5-coder-1.5b", help="of " + ", ".join(MODELS) + ", or a .gguf or folder"
     )
     ap.add_argument("--streams", default="1,4,8", help="comma-separated stream counts")
-    # Two: each mode goes first once, so what running first or second costs cancels in the mean ratio
-    # (and the run takes ~9 minutes on the 2-core machine; each further repeat adds ~4).
-    ap.add_argument("--repeats", type=int, default=2, help="paired runs of each point, modes taking turns")
+    # Two: each point on two sets of fresh prompts (the run takes ~9 minutes on the 2-core machine; each
+    # further repeat adds ~4).
+    ap.add_argument("--repeats", type=int, default=2, help="paired runs of each point, on fresh prompts")
     ap.add_argument("--output-len", type=int, default=None, help="tokens out (default: 64 chat, 160 code)")
     ap.add_argument("--allow-busy", action="store_true", help="run on a busy machine (marked: not a result)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 1 and 2 streams, 1 repeat, 16 out")
@@ -279,18 +301,12 @@ def main() -> None:
     args = parse_args()
     console = Console(width=150)
     load = MachineLoad.begin(console, peer_comparison=not args.quick, allow_busy=args.allow_busy)
-    engine = LLMEngine(
-        EngineConfig(
-            model=args.model_file,
-            speculative_config="auto",
-            enable_prefix_caching=False,
-            kv_disk_gb=0,
-            max_num_seqs=max(args.streams),
-            max_model_len=4096,
-        )
-    )
-    engine.warm_up()
-    points = measure(engine, args, console)
+    # A start that finds no saved loaded model builds it in its own memory (and saves it); later starts map
+    # the saved file. The two run apart (an A/A of two off engines on code, built against mapped: 1.01x-1.02x
+    # at 4 streams), so a throwaway start saves it first and both modes map the same file.
+    LLMEngine(EngineConfig(model=args.model_file, kv_disk_gb=0))
+    engines = {mode: engine_for(args.model_file, mode, max(args.streams)) for mode in MODES}
+    points = measure(engines, args, console)
     title = (
         f"speculation auto against off, paired in one process: {args.model}, greedy, continuous arrivals "
         f"(2x streams requests), fresh prompts, {args.repeats} repeats taking turns"
