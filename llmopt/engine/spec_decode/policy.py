@@ -23,7 +23,8 @@ PROBE_INTERVAL = 16
 MAX_PROBE_INTERVAL = 256
 # A due probe is verified only where a proposal accepted this often would pay for its row: at one and two
 # rows, not at four and more, where a row costs about what a sure proposal saves and the plan takes only
-# near-certain ones (the 1.5B here: 4 rows 64 ms, 5 rows 81 ms; probes cost code at 4 streams ~2 %).
+# near-certain ones (the 1.5B here, benchmarks/step_rows.py: 49.4 ms at 4 rows, 61.6 at 5; probes there cost
+# code answers at 4 streams ~2 %).
 PROBE_RATE = 0.5
 ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its latest
 PRIOR_POSITIONS = 2.0  # the engine-wide acceptance counts as this many positions of a new sequence's
