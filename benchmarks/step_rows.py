@@ -1,10 +1,10 @@
 """What a whole decoding step's forward costs by its rows, on a real model (issue #51): a step has one row
 per decoding stream plus one per proposal its verification checks, and speculation's policy weighs a
 proposal's expected tokens against the row it adds (llmopt/engine/spec_decode/policy.py). Each case runs
-the engine's own forward (ModelRunner.run, logits included) on sequences decoding after a 40-token
-prefill; the cases take turns, so the VM's drift falls on all alike. Per case: the median milliseconds,
-against one row, and milliseconds a token where every proposal is accepted (the best a verification
-can do). `gguf_rows.py` splits the same question by kernel.
+the engine's own forward (ModelRunner.run, logits included) on sequences ~40 tokens long (a short
+prompt and 24 tokens decoded); the cases take turns, so the VM's drift falls on all alike. Per case: the
+median milliseconds, against one row, and milliseconds a token where every proposal is accepted (the best
+a verification can do). `gguf_rows.py` splits the same question by kernel.
 
     .venv/bin/python benchmarks/step_rows.py [--model qwen2.5-coder-1.5b] [--repeats 30]
 """
