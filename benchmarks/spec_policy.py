@@ -301,10 +301,6 @@ def main() -> None:
     args = parse_args()
     console = Console(width=150)
     load = MachineLoad.begin(console, peer_comparison=not args.quick, allow_busy=args.allow_busy)
-    # A start that finds no saved loaded model builds it in its own memory (and saves it); later starts map
-    # the saved file. The two run apart (an A/A of two off engines on code, built against mapped: 1.01x-1.02x
-    # at 4 streams), so a throwaway start saves it first and both modes map the same file.
-    LLMEngine(EngineConfig(model=args.model_file, kv_disk_gb=0))
     engines = {mode: engine_for(args.model_file, mode, max(args.streams)) for mode in MODES}
     points = measure(engines, args, console)
     title = (

@@ -11,6 +11,7 @@ A caller whose keys change often (the loaded model's: every new llmopt) keeps a 
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import tempfile
@@ -28,22 +29,37 @@ def load_or_build(
     read: Callable[[Path], T],
     write: Callable[[T, BinaryIO], None],
     keep: int | None = None,
+    read_back: bool = False,
 ) -> T:
     """`read(path)` when it works, else `build()`, written to `path` for the next time (and the folder
-    pruned to its newest `keep` files, if given)."""
+    pruned to its newest `keep` files, if given). With `read_back`, a start that builds returns what it
+    saved, read as later starts read it, so that every start holds the same thing (a mapped model)."""
     if path.is_file():
         try:
             return read(path)
         except Exception as exc:  # a truncated file, or one an older library cannot read: build it again
             log.warning("%s did not load (%s); building it again", path, exc)
     value = build()
-    save_atomically(value, path, write, keep)
+    if save_atomically(value, path, write, keep) and read_back:
+        del value  # freed before the saved copy is read: the two together would be twice the model
+        release_freed_memory()
+        return read(path)
     return value
 
 
-def save_atomically(value: T, path: Path, write: Callable[[T, BinaryIO], None], keep: int | None) -> None:
-    """Write to a temporary file beside `path`, then rename. A failure to write (a read-only or full
-    disk) only costs the next start the build, so it is logged, not raised."""
+def release_freed_memory() -> None:
+    """Give the heap memory this process has freed back to the system. glibc keeps it for reuse: of the
+    1.5B's built copy, 1.05 GB stayed resident after it was freed, and 0.18 GB after a trim."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
+
+
+def save_atomically(value: T, path: Path, write: Callable[[T, BinaryIO], None], keep: int | None) -> bool:
+    """Write to a temporary file beside `path`, then rename; whether it was saved. A failure to write (a
+    read-only or full disk) only costs the next start the build, so it is logged, not raised."""
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,8 +70,10 @@ def save_atomically(value: T, path: Path, write: Callable[[T, BinaryIO], None], 
         tmp = None
         if keep is not None:
             prune(path.parent, keep)
+        return True
     except OSError as exc:
         log.warning("could not save %s (%s): later starts build it again", path, exc)
+        return False
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)

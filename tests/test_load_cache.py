@@ -32,6 +32,18 @@ def test_built_once_then_read(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["k.pkl"], "no temporary file may be left"
 
 
+def test_a_start_that_builds_can_return_the_saved_copy(tmp_path):
+    path = tmp_path / "k.pkl"
+
+    def read_marked(path: Path) -> tuple:
+        return ("read", read(path))
+
+    assert load_or_build(path, lambda: 5, read_marked, pickle.dump, read_back=True) == ("read", 5)
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder would go")
+    assert load_or_build(blocked / "k.pkl", lambda: 5, read_marked, pickle.dump, read_back=True) == 5
+
+
 def test_a_broken_file_is_built_again_and_replaced(tmp_path, caplog):
     path = tmp_path / "k.pkl"
     path.write_bytes(b"\x80\x04truncated")

@@ -1,5 +1,6 @@
 """The bundled GGUF as the engine loaded it, saved and mapped back in: the same logits, no second load,
-and a new file when anything it depends on changes."""
+every start holding the mapped file (in 2 MB pages where the system has them), and a new file when
+anything it depends on changes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,46 @@ import torch
 
 from llmopt.checkpoints import bundled_gguf_path
 from llmopt.engine.layers import gguf_panels
-from llmopt.engine.models import loaded_model_cache
+from llmopt.engine.models import huge_pages, loaded_model_cache
 from llmopt.engine.models.loaded_model_cache import cache_key, load_model_cached
 
 
 def logits_of(model, token_ids: list[int]) -> torch.Tensor:
     hidden = model.embed(torch.tensor(token_ids))
     return model.logits(hidden)  # the output layer alone: the part --dtype auto makes int8
+
+
+def mapping_of(path) -> dict[str, int]:
+    """This process's mapping of `path`, from /proc/self/smaps: its address range and sizes in bytes."""
+    mapping: dict[str, int] = {}
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                if mapping:
+                    break
+                if fields[-1] == str(path):
+                    mapping["start"], mapping["end"] = (int(a, 16) for a in fields[0].split("-"))
+            elif mapping and fields[0] in ("Rss:", "FilePmdMapped:"):
+                mapping[fields[0][:-1]] = int(fields[1]) * 1024
+    return mapping
+
+
+@pytest.mark.model
+def test_the_first_start_maps_the_saved_model_too(tmp_path, monkeypatch):
+    """The start that builds the model returns the saved file mapped, as later starts do, not its built
+    copy; and where huge pages work, the weights it reads sit in 2 MB pages."""
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path))
+    model = load_model_cached(bundled_gguf_path(), torch.float32, True, "auto")
+    [saved_file] = list((tmp_path / "loaded").glob("*/*.pt"))
+    logits_of(model, [1, 42, 4000, 17])
+    mapping = mapping_of(saved_file)
+    assert mapping, "the saved file is not mapped"
+    tensors = [t for t in model.state_dict().values() if t.numel()]
+    assert all(mapping["start"] <= t.data_ptr() < mapping["end"] for t in tensors)
+    share = huge_pages.cache_in_huge_pages(saved_file)
+    if share is not None and share >= huge_pages.ENOUGH:
+        assert mapping["FilePmdMapped"] >= 0.9 * mapping["Rss"]
 
 
 @pytest.mark.model
