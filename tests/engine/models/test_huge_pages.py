@@ -87,3 +87,12 @@ def test_nothing_happens_without_transparent_huge_pages(tmp_path, monkeypatch):
     path.write_bytes(bytes(4 * HUGE_PAGE))
     monkeypatch.setattr(huge_pages, "populate", lambda path: pytest.fail("mapped"))
     assert huge_pages.cache_in_huge_pages(path) is None
+
+
+def test_a_file_system_that_refuses_leaves_the_file_as_it_is(written, monkeypatch):
+    def refuse(fd):
+        raise OSError(22, "Invalid argument")
+
+    in_small_pages(written)
+    monkeypatch.setattr(os, "fsync", refuse)
+    assert huge_pages.cache_in_huge_pages(written) is None
