@@ -59,7 +59,7 @@ def map_saved(path: Path):
     """The saved model, mapped, its file cached in 2 MB pages (huge_pages.py) first."""
     share = huge_pages.cache_in_huge_pages(path)
     if share is not None:
-        log.info("%s: %.0f %% of the weights' pages mapped as 2 MB pages", path.name, 100 * share)
+        log.info("weights mapped from %s, %.0f %% of them in 2 MB pages", path, 100 * share)
     # Unpickling runs code: the file is ours, written by torch.save into the user's own cache folder.
     return torch.load(path, mmap=True, weights_only=False)
 
