@@ -57,7 +57,7 @@ def engine_loading(load) -> Iterator[None]:
 
 def in_small_pages(path: Path) -> None:
     """Drop `path` from the page cache and read it back 4 KB at a time, last page first (no read-ahead)."""
-    huge_pages.evict(path)
+    huge_pages.drop_from_page_cache(path)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)

@@ -30,6 +30,7 @@ import numpy as np
 
 from llmopt.checkpoints import cache_dir
 from llmopt.engine.kv_block_file import digest_of, file_name, file_size, read_block, write_block
+from llmopt.engine.models.huge_pages import drop_from_page_cache
 
 log = logging.getLogger(__name__)
 GIB = 2**30
@@ -292,12 +293,7 @@ class KVDiskStore:
         try:
             for path in paths:
                 write_block(path, digest, tokens, payload)
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+                drop_from_page_cache(path)
             seconds = []
             for path in paths:
                 start = time.perf_counter()

@@ -80,7 +80,7 @@ def cache_in_huge_pages(path: Path) -> float | None:
     try:
         share = populate(path)
         if share is not None and share < ENOUGH:
-            evict(path)
+            drop_from_page_cache(path)
             share = populate(path)
     except OSError as exc:  # a file system that refuses fsync or the advice: the file maps as it is
         log.info("could not cache %s in 2 MB pages (%s)", path, exc)
@@ -124,7 +124,7 @@ def pmd_mapped_bytes(address: int) -> int | None:
     return None
 
 
-def evict(path: Path) -> None:
+def drop_from_page_cache(path: Path) -> None:
     """Drop `path`'s pages from the page cache (written back first: a dirty page is not dropped)."""
     fd = os.open(path, os.O_RDONLY)
     try:

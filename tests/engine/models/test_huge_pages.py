@@ -43,7 +43,7 @@ def test_writes_reach_the_file_in_whole_pages_at_page_offsets():
 def in_small_pages(path) -> None:
     """Drop `path` from the page cache and read it back a 4 KB page at a time, last page first, so that
     no read-ahead makes larger folios."""
-    huge_pages.evict(path)
+    huge_pages.drop_from_page_cache(path)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
@@ -75,7 +75,7 @@ def test_a_file_cached_in_small_pages_is_read_again_in_2mb_ones(written):
 
 
 def test_a_file_cached_in_2mb_pages_is_not_read_again(written, monkeypatch):
-    monkeypatch.setattr(huge_pages, "evict", lambda path: pytest.fail("read again"))
+    monkeypatch.setattr(huge_pages, "drop_from_page_cache", lambda path: pytest.fail("read again"))
     assert huge_pages.cache_in_huge_pages(written) >= huge_pages.ENOUGH
 
 
