@@ -32,7 +32,7 @@ class ModelRunner:
     """Owns the model and the KV cache; turns a scheduled batch into tensors and runs it, returning the
     logits rows the engine samples from (sampling lives in sampler.py)."""
 
-    def __init__(self, config: EngineConfig, checkpoint: Path, max_model_len: int):
+    def __init__(self, config: EngineConfig, checkpoint: Path, max_model_len: int, q4_0: bool = False):
         self.precision = resolve_precision(config.dtype, checkpoint)
         self.dtype = self.precision.compute
         self.block_size = config.block_size
@@ -53,7 +53,7 @@ class ModelRunner:
         kv_bytes = num_layers * 2 * self.num_kv_blocks * math.prod(kv_shape) * kv_dtype.itemsize
         memory.check_fits(checkpoint, weights, kv_bytes)
         self.model = load_model_cached(
-            checkpoint, self.dtype, self.precision.native_gguf, config.lm_head_dtype
+            checkpoint, self.dtype, self.precision.native_gguf, config.lm_head_dtype, q4_0
         )
         self.cos, self.sin = (t.to(self.dtype) for t in self.model.rope_cos_sin(max_model_len))
         # The compiled kernels are fp32 and cover the usual head sizes; otherwise PyTorch's ops run.

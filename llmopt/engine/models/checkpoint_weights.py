@@ -41,9 +41,10 @@ class CheckpointWeights:
     """A checkpoint's tensors, popped as the model takes them, so that what is left at the end is what the
     model does not use (an error: it would mean a layer the architecture does not know). A folder's
     safetensors are read at once; a GGUF's tensors one at a time, as they are taken (`native`: its
-    quantized linears kept quantized, else every tensor dequantized to `dtype`)."""
+    quantized linears kept quantized, else every tensor dequantized to `dtype`; `q4_0`: those on a finer
+    grid than Q4_0 requantized to it, formats/gguf.py)."""
 
-    def __init__(self, checkpoint: Path, dtype: torch.dtype, native: bool = True):
+    def __init__(self, checkpoint: Path, dtype: torch.dtype, native: bool = True, q4_0: bool = False):
         self.dtype = dtype
         self.gguf: GGUFTensors | None = None
         self.tensors: dict[str, torch.Tensor] = {}
@@ -51,7 +52,7 @@ class CheckpointWeights:
         if is_gguf(checkpoint):
             config = read_model_config(checkpoint)
             heads = config.num_attention_heads, config.num_key_value_heads
-            self.gguf = GGUFTensors(read_gguf_file(checkpoint), *heads, native)
+            self.gguf = GGUFTensors(read_gguf_file(checkpoint), *heads, native, q4_0)
         else:
             self.tensors = read_safetensors(checkpoint)
             self.qconfig = checkpoint_quantization(checkpoint)

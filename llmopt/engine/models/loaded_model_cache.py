@@ -5,9 +5,9 @@ only thing a GGUF start writes besides its tokenizer; it is about the size of th
 folder a model file under $LLMOPT_CACHE/loaded (default ~/.cache/llmopt/loaded), and `rm -r` of that
 folder is always safe: the next start builds it again.
 
-The folder is named by the file's stem and content fingerprint; the saved file's name hashes the rest
-it depends on (dtype, output layer, kernel choice, torch, the engine's sources), so a new llmopt with
-other classes or layouts writes a new file instead of reading a stale one.
+The folder is named by the file's stem and content fingerprint (and `-q4_0` for a draft's copy); the
+saved file's name hashes the rest it depends on (dtype, output layer, kernel choice, torch, the engine's
+sources), so a new llmopt with other classes or layouts writes a new file instead of reading a stale one.
 """
 
 from __future__ import annotations
@@ -37,15 +37,19 @@ def saved_models_dir() -> Path:
     return cache_dir().parent / FOLDER
 
 
-def load_model_cached(checkpoint: Path, dtype: torch.dtype, native_gguf: bool, lm_head_dtype: str):
+def load_model_cached(
+    checkpoint: Path, dtype: torch.dtype, native_gguf: bool, lm_head_dtype: str, q4_0: bool = False
+):
     """load_model(...), from the saved copy when there is one; only a GGUF read natively is kept (an
     HF folder's weights would have to be hashed, about what loading them costs)."""
     if not (native_gguf and is_gguf(checkpoint)):
-        return load_model(checkpoint, dtype, native_gguf, lm_head_dtype)
-    folder = saved_models_dir() / f"{checkpoint.stem}-{file_fingerprint(checkpoint)[:16]}"
+        return load_model(checkpoint, dtype, native_gguf, lm_head_dtype, q4_0)
+    # A draft's Q4_0 copy has a folder of its own: the same file served as a model keeps its saved copy.
+    variant = "-q4_0" if q4_0 else ""
+    folder = saved_models_dir() / f"{checkpoint.stem}-{file_fingerprint(checkpoint)[:16]}{variant}"
     return load_or_build(
         folder / f"{cache_key(checkpoint, dtype, lm_head_dtype)}.pt",
-        lambda: load_model(checkpoint, dtype, native_gguf, lm_head_dtype),
+        lambda: load_model(checkpoint, dtype, native_gguf, lm_head_dtype, q4_0),
         map_saved,
         huge_pages.save,
         KEEP,

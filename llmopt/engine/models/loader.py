@@ -38,12 +38,17 @@ def load_layer(layer: DecoderLayer, weights: CheckpointWeights, prefix: str) -> 
 
 
 def load_model(
-    checkpoint: Path, dtype: torch.dtype, native_gguf: bool = True, lm_head_dtype: str = "auto"
+    checkpoint: Path,
+    dtype: torch.dtype,
+    native_gguf: bool = True,
+    lm_head_dtype: str = "auto",
+    q4_0: bool = False,
 ) -> LlamaForCausalLM:
     """The model of `checkpoint` (a folder, or a GGUF file read at its own precision when `native_gguf`,
-    else dequantized to `dtype` tensor by tensor)."""
+    else dequantized to `dtype` tensor by tensor; `q4_0`: its linears on a finer grid than Q4_0
+    requantized to it, as a draft model runs)."""
     config = read_model_config(checkpoint)
-    weights = CheckpointWeights(checkpoint, dtype, native_gguf)
+    weights = CheckpointWeights(checkpoint, dtype, native_gguf, q4_0)
     if config.model_type in GEMMA3_TYPES:
         return load_gemma3(config, weights, lm_head_dtype)
     with torch.device("meta"):

@@ -52,7 +52,8 @@ class DraftProposer:
         from llmopt.engine.model_runner import ModelRunner
 
         draft_config = replace(engine_config, model=config.model)
-        self.runner = ModelRunner(draft_config, resolve_model(config.model), max_model_len)
+        q4_0 = config.draft_weights == "q4_0"
+        self.runner = ModelRunner(draft_config, resolve_model(config.model), max_model_len, q4_0)
         draft_vocab = self.runner.model.config.vocab_size
         if draft_vocab != vocab_size:
             raise ValueError(

@@ -107,3 +107,22 @@ def test_the_sources_digest_reads_the_kernels_too(tmp_path, monkeypatch):
     assert loaded_model_cache.sources_digest() != before
     (tmp_path / "kernels" / "vector_math.h").write_text("// a header\n")
     assert loaded_model_cache.sources_digest() != before
+
+
+@pytest.mark.model
+def test_a_drafts_q4_0_copy_is_saved_beside_the_files_own(tmp_path, monkeypatch):
+    """The same file served as a model and as a draft keeps both saved copies: neither start rebuilds
+    what the other saved (a model's folder keeps one file)."""
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path))
+    gguf = bundled_gguf_path()
+    as_model = load_model_cached(gguf, torch.float32, True, "auto")
+    as_draft = load_model_cached(gguf, torch.float32, True, "auto", q4_0=True)
+    assert len(list((tmp_path / "loaded").glob("*/*.pt"))) == 2
+    assert not torch.equal(logits_of(as_model, [1, 42]), logits_of(as_draft, [1, 42]))  # its Q4_0 head
+
+    def no_second_load(*args):
+        raise AssertionError("the saved model should have been read")
+
+    monkeypatch.setattr(loaded_model_cache, "load_model", no_second_load)
+    load_model_cached(gguf, torch.float32, True, "auto")
+    load_model_cached(gguf, torch.float32, True, "auto", q4_0=True)
