@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from llmopt.checkpoints import bundled_gguf_path
 from llmopt.engine.llm import LLM
 from llmopt.engine.sampling_params import SamplingParams
 from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
+    DRAFT_PROBE_REQUESTS,
     ForcedAcceptance,
     ProposalAcceptance,
     catch_up_pays,
@@ -145,6 +147,10 @@ def test_the_target_as_its_own_draft_accepts_everything(model_dir, hf_greedy):
         ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 1}, "unknown speculative config keys"),
         ({"method": "draft", "num_speculative_tokens": 2}, 'needs "model"'),
         (
+            {"method": "draft", "model": "m", "num_speculative_tokens": 2, "draft_weights": "q2_k"},
+            "q4_0, file",
+        ),
+        (
             {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 3, "prompt_lookup_max": 2},
             "lookup",
         ),
@@ -154,6 +160,22 @@ def test_the_target_as_its_own_draft_accepts_everything(model_dir, hf_greedy):
 def test_bad_configs_fail_with_one_clear_error(config, message):
     with pytest.raises(ValueError, match=message):
         SpeculativeConfig.parse(config)
+
+
+@pytest.mark.model
+def test_a_gguf_draft_runs_its_finer_blocks_as_q4_0_and_changes_no_greedy_token():
+    """The bundled file as its own draft: by default its Q8_0 tied head runs as Q4_0 (its Q4_1 layers as
+    they are), "file" keeps the file's; the target's greedy tokens are the same either way and without."""
+    gguf = str(bundled_gguf_path())
+    plain = LLM(gguf, num_kv_blocks=128, speculative_config="off")
+    ids = [plain.tokenizer.encode(p) for p in PROMPTS[:3]]
+    expected = [o.token_ids for o in plain.generate(ids, greedy(24))]
+    for weights, head in (({}, "Q4_0"), ({"draft_weights": "file"}, "Q8_0")):
+        spec = {"method": "draft", "model": gguf, "num_speculative_tokens": 3, **weights}
+        llm = LLM(gguf, num_kv_blocks=128, speculative_config=spec)
+        assert llm.engine.proposer.runner.model.lm_head_t.gguf.types == [head]
+        assert [o.token_ids for o in llm.generate(ids, greedy(24))] == expected
+        assert llm.engine.stats().spec_accepted_tokens > 0
 
 
 def test_a_draft_with_another_vocabulary_is_refused(model_dir, tmp_path):
@@ -411,16 +433,18 @@ def test_a_draft_that_does_not_pay_stops_for_the_rest_of_the_request():
     assert sum(proposal_room(seq, 4, 4096) > 0 for _ in range(seq.params.max_tokens)) == 0
 
 
-def test_a_draft_starts_only_where_the_answer_left_earns_its_catch_up_back():
+def test_a_draft_starts_only_where_the_answer_left_earns_its_catch_up_back_twice():
     """Drafting at 80 % saves ~4.8 ms a token on the 1.5B: the 0.5B's prefill of a 160-token prompt
-    (~0.4 s) is earned back over a 160-token answer, not over a 64-token one; nothing behind is free."""
+    (~0.4 s) is earned back twice over a 200-token answer, not over a 160-token one (1.9 times)."""
     cost = measured(QWEN_15B, draft_seconds=0.013)
-    assert not catch_up_pays(0.8, 4, 64, 160 * 0.0025, cost)
-    assert catch_up_pays(0.8, 4, 160, 160 * 0.0025, cost)
+    assert not catch_up_pays(0.8, 4, 160, 160 * 0.0025, cost)
+    assert catch_up_pays(0.8, 4, 200, 160 * 0.0025, cost)
     assert not catch_up_pays(0.3, 4, 10_000, 0.0, cost)  # a draft that fails costs more than it saves
 
 
-def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back(model_dir, tiny_draft):
+def drafting_at_measured_costs(model_dir, tiny_draft) -> LLM:
+    """The tiny draft's engine with the 1.5B's costs kept as measured, an engine-wide acceptance at which
+    the plan alone would draft, and the 0.5B's catch-up seconds a token."""
     llm = LLM(
         str(model_dir),
         num_kv_blocks=256,
@@ -429,11 +453,28 @@ def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back
     speculator, proposer = llm.engine.speculator, llm.engine.proposer
     speculator.cost = measured(QWEN_15B, draft_seconds=0.013)
     speculator.cost.record_step = speculator.cost.record_draft = lambda *args: None  # kept as measured
-    speculator.proposal_acceptance = ProposalAcceptance(passed=8, tested=10)  # the plan alone would draft
+    speculator.proposal_acceptance = ProposalAcceptance(passed=8, tested=10)
     proposer.catch_up_seconds = 0.0025
+    return llm
+
+
+def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back(model_dir, tiny_draft):
+    llm = drafting_at_measured_costs(model_dir, tiny_draft)
+    proposer = llm.engine.proposer
     long_prompt = " ".join(PROMPTS) * 2
     llm.generate(long_prompt, greedy(8))
     assert llm.engine.stats().spec_drafts == 0
+    assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+
+
+def test_every_eighth_request_a_draft_was_turned_down_for_drafts_as_a_probe(model_dir, tiny_draft):
+    """The engine's acceptance moves only by verifications: without probes, a draft turned down for the
+    text it failed on would never draft again, whatever the text turned to."""
+    llm = drafting_at_measured_costs(model_dir, tiny_draft)
+    proposer = llm.engine.proposer
+    for i in range(DRAFT_PROBE_REQUESTS):
+        llm.generate(f"{i}. " + " ".join(PROMPTS) * 2, greedy(8))  # fresh prompts: nothing cached
+        assert (llm.engine.stats().spec_drafts > 0) == (i == DRAFT_PROBE_REQUESTS - 1)
     assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
 
 
@@ -494,7 +535,24 @@ def test_measured_step_costs_interpolate_and_extrapolate_along_their_line():
     assert cost.seconds(9) == pytest.approx(0.070 + 4 * 0.00825)
     assert measured({1: 0.037}).seconds(2) == pytest.approx(0.037 * 5.7 / 4.7)  # the prior's shape
     cost.record_step(1, 0.047)
-    assert cost.seconds(1) == pytest.approx(0.039)  # a fifth of the way to the new measurement
+    pace = 0.8 + 0.2 * 0.047 / 0.037  # a fifth of the way to the measurement's ratio to its prediction
+    assert cost.pace == pytest.approx(pace)
+    assert cost.seconds(1) == pytest.approx(pace * (0.95 * 0.037 + 0.05 * 0.047 / pace))  # its own, slowly
+    assert cost.seconds(5) == pytest.approx(pace * 0.070)  # a row count not measured again follows
+
+
+def test_a_row_count_the_plan_stopped_taking_follows_the_machines_pace():
+    """Two-row steps measured in a slow minute, then only one-row steps at the machine's usual speed: the
+    two-row cost falls with them, and a draft accepted 80 % of the time pays again."""
+    cost = measured({1: 0.046, 2: 0.051}, draft_seconds=0.012)
+    engine_rate = ProposalAcceptance(passed=8, tested=10)
+    for _ in range(20):
+        cost.record_step(1, 0.029)
+    assert cost.seconds(2) == pytest.approx(0.051 * 0.029 / 0.046, rel=0.1)
+    [taken] = planned([proposer_offer(decoding_seq(), 4, engine_rate, drafted=True)], 1, cost)
+    assert taken >= 1
+    kept_apart = measured({1: 0.029, 2: 0.051}, draft_seconds=0.012)
+    assert planned([proposer_offer(decoding_seq(), 4, engine_rate, drafted=True)], 1, kept_apart) == [0]
 
 
 def test_auto_is_prompt_lookup_as_deep_as_a_decode_verification(model_dir, hf_greedy):

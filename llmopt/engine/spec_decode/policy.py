@@ -27,6 +27,22 @@ MAX_PROBE_INTERVAL = 256
 # code answers at 4 streams ~2 %).
 PROBE_RATE = 0.5
 ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its latest
+# ... and of the engine's (about the last 50 verifications, a 160-token answer's): the text a server is
+# sent changes, and the prior of a new request should be what proposals do on the latest, not all since
+# the start (the 0.5B drafting for the 1.5B: 93 % on code, 49-65 % on chat).
+ENGINE_MEMORY = 0.98
+# Every this many requests a draft model was turned down for (its catch-up not earned back at the
+# engine's acceptance), one drafts anyway: the engine's acceptance moves only by verifications, so a draft
+# turned down by text it fails on (chat) never drafted again for text it pays on (code: 1.00x there, after
+# chat, where drafting from the start ran 1.26x; benchmarks/draft_model.py). A probe that fails costs its
+# request the catch-up and a verification or two, ~10 % of a 64-token chat answer: ~1 % of all.
+DRAFT_PROBE_REQUESTS = 8
+# A draft's catch-up is a bet on a request's acceptance before any of its tokens is verified, judged at the
+# engine's rate, while requests run from 49 % (chat) to 93 % (code) for the 0.5B drafting for the 1.5B: it
+# is taken only where it pays twice over. Taken where it paid once, chat answers of 64 tokens to 128-token
+# prompts after code drafted and ran 0.93x (0.89-0.97, benchmarks/draft_model.py); a 160-token code answer
+# to a 50-token task saves ~10x its catch-up (~0.1 s).
+CATCH_UP_MARGIN = 2.0
 PRIOR_POSITIONS = 2.0  # the engine-wide acceptance counts as this many positions of a new sequence's
 MAX_FORCED_POSITIONS = 16  # forced proposals tracked per position (more than a verification takes)
 FORCED_PRIOR = 4  # proposals counted as accepted at every position before any is verified
@@ -46,14 +62,14 @@ def proposal_room(seq: Sequence, k: int, max_model_len: int) -> int:
 @dataclass
 class ProposalAcceptance:
     """Engine-wide: how often a proposer's proposal is accepted given all before it were (the prior of a
-    sequence that has not been verified yet). Starts at one half."""
+    sequence that has not been verified yet), over the latest verifications. Starts at one half."""
 
     passed: float = 1.0
     tested: float = 2.0
 
     def record(self, proposed: int, accepted: int) -> None:
-        self.passed += accepted
-        self.tested += accepted + (accepted < proposed)
+        self.passed = ENGINE_MEMORY * self.passed + accepted
+        self.tested = ENGINE_MEMORY * self.tested + accepted + (accepted < proposed)
 
     def rate(self) -> float:
         return self.passed / self.tested
@@ -101,17 +117,15 @@ def proposer_offer(seq: Sequence, positions: int, engine: ProposalAcceptance, dr
 def catch_up_pays(
     rate: float, positions: int, remaining: int, catch_up_seconds: float, cost: StepCost
 ) -> bool:
-    """Whether drafting for a sequence saves more over its `remaining` tokens than the draft's prefill of
-    the tokens it is behind costs (`catch_up_seconds`): seconds a token at one row, drafting at the best
-    depth up to `positions` against not drafting. A 64-token chat answer to a 128-token prompt does not
-    earn the 0.5B's ~0.35 s catch-up back for the 1.5B (measured 0.85x of no draft); a 160-token code
-    answer does (1.17x)."""
+    """Whether drafting for a sequence saves CATCH_UP_MARGIN times what the draft's prefill of the tokens
+    it is behind costs (`catch_up_seconds`), over its `remaining` tokens: seconds a token at one row,
+    drafting at the best depth up to `positions` against not drafting."""
     plain = cost.proposing(1, 0)
     best = plain
     for depth in range(1, positions + 1):
         tokens = 1 + sum(rate ** (i + 1) for i in range(depth))
         best = min(best, cost.proposing(1 + depth, depth) / tokens)
-    return (plain - best) * remaining > catch_up_seconds
+    return (plain - best) * remaining > CATCH_UP_MARGIN * catch_up_seconds
 
 
 def plan(offers: list[Offer], decoding_rows: int, cost: StepCost) -> None:

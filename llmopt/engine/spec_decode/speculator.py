@@ -14,6 +14,8 @@ from llmopt.engine.spec_decode.draft import CAUGHT_UP, DraftProposer
 from llmopt.engine.spec_decode.forced import propose_forced
 from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
+    DRAFT_PROBE_REQUESTS,
+    PRIOR_POSITIONS,
     ForcedAcceptance,
     Offer,
     ProposalAcceptance,
@@ -65,6 +67,7 @@ class Speculator:
         self.cost = StepCost()
         self.forced_acceptance = ForcedAcceptance()
         self.proposal_acceptance = ProposalAcceptance()
+        self.requests_not_drafted = 0  # since the last request a draft model drafted for
 
     def wanted(self, running: list[Sequence]) -> bool:
         """Whether any of the `running` sequences may be given proposals this step."""
@@ -115,15 +118,26 @@ class Speculator:
 
     def _catch_up_pays(self, seq: Sequence, positions: int) -> bool:
         """Whether the draft's prefill of what it is behind on `seq` (its prompt, before the first
-        proposal) is earned back over the tokens `seq` may still write. Until both the draft's catch-up
-        and its steps are measured, it drafts (and so measures them)."""
+        proposal) is earned back over the tokens `seq` may still write, or `seq` is the probe that every
+        DRAFT_PROBE_REQUESTS-th request turned down is. Until both the draft's catch-up and its steps are
+        measured, it drafts (and so measures them)."""
         assert isinstance(self.proposer, DraftProposer)
         behind = self.proposer.behind(seq)
         if behind <= CAUGHT_UP or self.proposer.catch_up_seconds is None or not self.cost.measured:
             return True
         remaining = seq.params.max_tokens - seq.num_output_tokens
         rate = acceptance_rate(seq, self.proposal_acceptance)
-        return catch_up_pays(rate, positions, remaining, behind * self.proposer.catch_up_seconds, self.cost)
+        if catch_up_pays(rate, positions, remaining, behind * self.proposer.catch_up_seconds, self.cost):
+            self.requests_not_drafted = 0
+            return True
+        self.requests_not_drafted += 1
+        if self.requests_not_drafted < DRAFT_PROBE_REQUESTS:
+            return False
+        # A probe: its verifications tell the engine what drafts do now. It starts as if its first positions
+        # had been accepted, so that the plan verifies some instead of stopping at the engine's rate.
+        self.requests_not_drafted = 0
+        seq.spec_passed = seq.spec_tested = PRIOR_POSITIONS
+        return True
 
     def proposes_for(self, seq: Sequence) -> bool:
         return self.proposer is not None and not (self.config.greedy_only and not seq.params.greedy)
