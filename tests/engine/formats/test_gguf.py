@@ -280,10 +280,13 @@ def test_finer_blocks_requantize_to_what_ggufs_own_q4_0_quantization_gives(bundl
         assert np.array_equal(narrowed.data, quantize(dequantize(data, info.type), T.Q4_0))
 
 
-def test_a_q4_0_draft_reads_fewer_bytes_and_stays_near_the_files_model(native_runner, llm, hf_greedy, caplog):
+def test_a_q4_0_draft_reads_fewer_bytes_and_stays_near_the_files_model(
+    native_runner, llm, hf_greedy, caplog, tmp_path, monkeypatch
+):
     """The bundled model as a draft takes it: its Q8_0 tied head in Q4_0 panels, its Q4_1 linears as they
     are (another 4-bit grid), a step's read smaller, teacher-forced greedy tokens mostly the fp32 copy's."""
     config = EngineConfig(dtype="auto", num_kv_blocks=16)
+    monkeypatch.setenv("LLMOPT_CACHE", str(tmp_path))  # built here, not mapped from an earlier start's copy
     with caplog.at_level(logging.INFO):
         draft = ModelRunner(config, bundled_gguf_path(), max_model_len=256, q4_0=True)
     model = draft.model
