@@ -345,7 +345,7 @@ class GGUFTensors:
         return value
 
     def quantized(self, data: np.ndarray, info: TensorInfo) -> GGUFBlocks | QuantizedWeight:
-        if info.type in NATIVE and self.q4_0 and info.type in FINER_THAN_Q4_0:
+        if self.q4_0 and info.type in FINER_THAN_Q4_0:
             self.narrowed[info.type.name] += 1
             return as_q4_0(GGUFBlocks(data, info.type, info.shape[1]), info.name)
         if info.type in NATIVE:
