@@ -39,7 +39,7 @@ class OutputCounters:
 
 class OutputBuilder:
     """Builds the outputs of the requests it holds (added when they join the batch, dropped at their
-    end). `release` is called with the id of every request that ends (the speculator forgets it)."""
+    end). `release` is called with the sequence of every request that ends (the speculator forgets it)."""
 
     def __init__(
         self,
@@ -47,7 +47,7 @@ class OutputBuilder:
         step_log: StepLog,
         eos_token_ids: set[int],
         max_model_len: int,
-        release: Callable[[str], None],
+        release: Callable[[Sequence], None],
     ):
         self.scheduler = scheduler
         self.step_log = step_log
@@ -120,7 +120,7 @@ class OutputBuilder:
         seq = request.seq
         seq.finish_time = time.perf_counter()
         del self.requests[seq.request_id]
-        self.release(seq.request_id)
+        self.release(seq)
         self.counters.prompt_tokens += seq.num_prompt_tokens
         self.counters.requests_finished += seq.finish_reason in ("stop", "length")
         output = RequestOutput(

@@ -44,6 +44,7 @@ class Sequence:
         # Its proposals' recent acceptance (positions accepted, positions tested) and, while they do not
         # pay, its pause before the next probe (spec_decode/policy.py).
         self.spec_passed = self.spec_tested = 0.0
+        self.spec_passed_total = self.spec_tested_total = 0  # the same, all its verifications alike
         self.spec_skip = 0
         self.spec_probe_interval = 0  # 0: the first pause's (policy.PROBE_INTERVAL)
         self.spec_probe_due = False

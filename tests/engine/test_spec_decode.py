@@ -17,9 +17,10 @@ from llmopt.engine.sequence import Sequence
 from llmopt.engine.spec_decode.config import SpeculativeConfig
 from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
-    DRAFT_PROBE_REQUESTS,
+    PRIOR_POSITIONS,
     ForcedAcceptance,
     ProposalAcceptance,
+    RequestAcceptance,
     catch_up_pays,
     forced_offer,
     plan,
@@ -467,15 +468,45 @@ def test_a_draft_behind_on_a_short_answer_never_drafts_and_gives_its_blocks_back
     assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
 
 
-def test_every_eighth_request_a_draft_was_turned_down_for_drafts_as_a_probe(model_dir, tiny_draft):
-    """The engine's acceptance moves only by verifications: without probes, a draft turned down for the
-    text it failed on would never draft again, whatever the text turned to."""
+def test_each_request_turned_down_raises_the_next_ones_bet_until_one_drafts_as_a_probe(model_dir, tiny_draft):
+    """Only a drafted request's verifications move the rate: without the raise, a draft turned down for
+    the text it failed on would never draft again, whatever the text turned to. At these costs a
+    256-token answer 200 tokens behind pays from ~76 %: from 58 %, the fifth request (78 %) probes."""
     llm = drafting_at_measured_costs(model_dir, tiny_draft)
-    proposer = llm.engine.proposer
-    for i in range(DRAFT_PROBE_REQUESTS):
-        llm.generate(f"{i}. " + " ".join(PROMPTS) * 2, greedy(8))  # fresh prompts: nothing cached
-        assert (llm.engine.stats().spec_drafts > 0) == (i == DRAFT_PROBE_REQUESTS - 1)
-    assert not proposer.states and proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+    speculator = llm.engine.speculator
+    speculator.request_acceptance.rate = 0.58
+    decisions = []
+    for i in range(6):
+        seq = Sequence(f"r{i}", [1000 + i] + list(range(2000, 2200)), greedy(256), 0)
+        decisions.append(speculator._catch_up_pays(seq, 3))
+        if decisions[-1]:
+            assert seq.spec_passed == seq.spec_tested == PRIOR_POSITIONS, "a probe starts as if accepted"
+    assert decisions == [False, False, False, False, True, False]
+
+
+def test_a_drafted_request_moves_the_requests_acceptance_halfway_whatever_its_length():
+    """A chat request that stopped drafting after 4 positions weighs as much as a code answer's 200."""
+    acceptance = RequestAcceptance()
+    code, chat, never = (Sequence(name, [1], greedy(8), 0) for name in ("code", "chat", "never"))
+    code.spec_passed_total, code.spec_tested_total = 180, 200
+    chat.spec_passed_total, chat.spec_tested_total = 1, 4
+    acceptance.record(code)
+    acceptance.record(never)  # never verified: no vote
+    assert acceptance.rate == pytest.approx(0.9)
+    acceptance.record(chat)
+    assert acceptance.rate == pytest.approx((0.9 + 0.25) / 2)
+
+
+def test_a_drafted_requests_acceptance_is_recorded_when_it_ends(model_dir, tiny_draft):
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=256,
+        speculative_config={"method": "draft", "model": str(tiny_draft), "num_speculative_tokens": 3},
+    )
+    llm.generate(PROMPTS[0], greedy(24))
+    assert llm.engine.stats().spec_drafts > 0
+    assert llm.engine.speculator.request_acceptance.rate is not None
+    assert not llm.engine.proposer.states
 
 
 def test_a_draft_that_stops_paying_gives_its_blocks_back_while_its_request_runs(model_dir, tiny_draft):

@@ -17,9 +17,6 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> list[Proposal]:
         return [Proposal(self.lookup(seq.token_ids, k)) for seq, k in zip(seqs, ks)]
 
-    def release(self, request_id: str) -> None:
-        """Nothing to free: n-gram lookups keep no per-request state."""
-
     def lookup(self, token_ids: list[int], k: int) -> list[int]:
         """The k tokens that followed the latest earlier occurrence of the longest suffix n-gram: one pass
         over the earlier occurrences of the last token, each extended backwards (a sliding window per n

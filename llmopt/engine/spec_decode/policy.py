@@ -31,17 +31,17 @@ ACCEPTANCE_MEMORY = 0.8  # weight of a sequence's past verifications against its
 # sent changes, and the prior of a new request should be what proposals do on the latest, not all since
 # the start (the 0.5B drafting for the 1.5B: 93 % on code, 49-65 % on chat).
 ENGINE_MEMORY = 0.98
-# Every this many requests a draft model was turned down for (its catch-up not earned back at the
-# engine's acceptance), one drafts anyway: the engine's acceptance moves only by verifications, so a draft
-# turned down by text it fails on (chat) never drafted again for text it pays on (code: 1.00x there, after
-# chat, where drafting from the start ran 1.26x; benchmarks/draft_model.py). A probe that fails costs its
-# request the catch-up and a verification or two, ~10 % of a 64-token chat answer: ~1 % of all.
-DRAFT_PROBE_REQUESTS = 8
-# A draft's catch-up is a bet on a request's acceptance before any of its tokens is verified, judged at the
-# engine's rate, while requests run from 49 % (chat) to 93 % (code) for the 0.5B drafting for the 1.5B: it
-# is taken only where it pays twice over. Taken where it paid once, chat answers of 64 tokens to 128-token
-# prompts after code drafted and ran 0.93x (0.89-0.97, benchmarks/draft_model.py); a 160-token code answer
-# to a 50-token task saves ~10x its catch-up (~0.1 s).
+# Each request a draft model was turned down for since it last drafted raises the acceptance the next one is
+# judged at by this much: only a request's own verifications move the rate, so without it a draft turned down
+# by the text it failed on (chat) would never draft again for text it pays on (code: 1.00x there after chat,
+# where drafting from the start ran 1.26x; benchmarks/draft_model.py). From chat's ~30 % a 160-token code
+# answer drafts after about 6 turned down; a 64-token chat answer, which needs ~80 %, is retried every 4-10.
+RAISE_PER_REQUEST_TURNED_DOWN = 0.05
+# A draft's catch-up is a bet on a request's acceptance before any of its tokens is verified, while requests
+# run from 29-65 % (chat) to 90-93 % (code) for the 0.5B drafting for the 1.5B: it is taken only where it
+# pays twice over, at the acceptance of the latest requests drafted for (RequestAcceptance). Taken where it
+# paid once, chat answers of 64 tokens to 128-token prompts after code drafted and ran 0.93x (0.89-0.97,
+# benchmarks/draft_model.py); a 160-token code answer to a 50-token task saves ~10x its catch-up (~0.1 s).
 CATCH_UP_MARGIN = 2.0
 PRIOR_POSITIONS = 2.0  # the engine-wide acceptance counts as this many positions of a new sequence's
 MAX_FORCED_POSITIONS = 16  # forced proposals tracked per position (more than a verification takes)
@@ -75,6 +75,27 @@ class ProposalAcceptance:
         return self.passed / self.tested
 
 
+# Weight of the requests drafted for before the latest in RequestAcceptance: one request that fails moves
+# the next one's bet halfway. Judged per verification instead, a code phase's ~37 verifications a request
+# outweighed the 3-5 of a chat request that stopped drafting, and every chat request after code drafted
+# (0.91x, its catch-up ~10 % of a 64-token answer; benchmarks/draft_model.py).
+REQUEST_MEMORY = 0.5
+
+
+@dataclass
+class RequestAcceptance:
+    """Engine-wide: how often the proposals of the latest requests a draft model drafted for were
+    accepted, each request one vote whatever its length (None: none drafted yet)."""
+
+    rate: float | None = None
+
+    def record(self, seq: Sequence) -> None:
+        """`seq` stopped drafting (or ended): its acceptance over all its verifications joins the rate."""
+        if seq.spec_tested_total:
+            own = seq.spec_passed_total / seq.spec_tested_total
+            self.rate = own if self.rate is None else REQUEST_MEMORY * self.rate + (1 - REQUEST_MEMORY) * own
+
+
 def acceptance_rate(seq: Sequence, engine: ProposalAcceptance) -> float:
     """`seq`'s chance that a proposal is accepted when all before it were, its recent verifications
     weighed against the engine-wide rate."""
@@ -86,6 +107,8 @@ def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
     tested (each accepted one and the first rejected) join `seq`'s recent acceptance."""
     seq.spec_passed = ACCEPTANCE_MEMORY * seq.spec_passed + accepted
     seq.spec_tested = ACCEPTANCE_MEMORY * seq.spec_tested + accepted + (accepted < proposed)
+    seq.spec_passed_total += accepted
+    seq.spec_tested_total += accepted + (accepted < proposed)
 
 
 @dataclass

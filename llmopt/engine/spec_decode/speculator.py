@@ -14,11 +14,12 @@ from llmopt.engine.spec_decode.draft import CAUGHT_UP, DraftProposer
 from llmopt.engine.spec_decode.forced import propose_forced
 from llmopt.engine.spec_decode.ngram import NgramProposer
 from llmopt.engine.spec_decode.policy import (
-    DRAFT_PROBE_REQUESTS,
     PRIOR_POSITIONS,
+    RAISE_PER_REQUEST_TURNED_DOWN,
     ForcedAcceptance,
     Offer,
     ProposalAcceptance,
+    RequestAcceptance,
     acceptance_rate,
     catch_up_pays,
     forced_offer,
@@ -67,6 +68,7 @@ class Speculator:
         self.cost = StepCost()
         self.forced_acceptance = ForcedAcceptance()
         self.proposal_acceptance = ProposalAcceptance()
+        self.request_acceptance = RequestAcceptance()  # of a draft model's requests
         self.requests_not_drafted = 0  # since the last request a draft model drafted for
 
     def wanted(self, running: list[Sequence]) -> bool:
@@ -89,7 +91,7 @@ class Speculator:
             elif self.proposes_for(seq) and (room := proposal_room(seq, k, self.max_model_len)) > 0:
                 if ngram is None and not self._catch_up_pays(seq, room):
                     seq.spec_skip = seq.params.max_tokens  # fewer tokens remain at every later step
-                    self.proposer.release(seq.request_id)
+                    self._stop_drafting(seq)
                     continue
                 asked.append(seq)
                 rooms.append(room)
@@ -112,32 +114,36 @@ class Speculator:
             if offer.drafted and taken:
                 drafts.append((offer.seq, taken))
             elif offer.drafted:  # settle stopped its drafting for the rest of the request
-                self.proposer.release(offer.seq.request_id)
+                self._stop_drafting(offer.seq)
         if drafts:
             self._draft([seq for seq, _ in drafts], [taken for _, taken in drafts])
 
     def _catch_up_pays(self, seq: Sequence, positions: int) -> bool:
         """Whether the draft's prefill of what it is behind on `seq` (its prompt, before the first
-        proposal) is earned back over the tokens `seq` may still write, or `seq` is the probe that every
-        DRAFT_PROBE_REQUESTS-th request turned down is. Until both the draft's catch-up and its steps are
-        measured, it drafts (and so measures them)."""
+        proposal) is earned back over the tokens `seq` may still write, at the latest drafted requests'
+        acceptance, or at that raised by each request turned down since (a probe). Until both the draft's
+        catch-up and its steps are measured, it drafts (and so measures them)."""
         assert isinstance(self.proposer, DraftProposer)
         behind = self.proposer.behind(seq)
         if behind <= CAUGHT_UP or self.proposer.catch_up_seconds is None or not self.cost.measured:
             return True
         remaining = seq.params.max_tokens - seq.num_output_tokens
-        rate = acceptance_rate(seq, self.proposal_acceptance)
-        if catch_up_pays(rate, positions, remaining, behind * self.proposer.catch_up_seconds, self.cost):
+        catch_up = behind * self.proposer.catch_up_seconds
+        rate = self.request_acceptance.rate
+        if rate is None:
+            rate = acceptance_rate(seq, self.proposal_acceptance)
+        raised = min(1.0, rate + RAISE_PER_REQUEST_TURNED_DOWN * self.requests_not_drafted)
+        if catch_up_pays(rate, positions, remaining, catch_up, self.cost):
             self.requests_not_drafted = 0
             return True
+        if catch_up_pays(raised, positions, remaining, catch_up, self.cost):
+            # A probe: it starts as if its first positions had been accepted, so that the plan verifies
+            # some instead of stopping at the engine's rate.
+            self.requests_not_drafted = 0
+            seq.spec_passed = seq.spec_tested = PRIOR_POSITIONS
+            return True
         self.requests_not_drafted += 1
-        if self.requests_not_drafted < DRAFT_PROBE_REQUESTS:
-            return False
-        # A probe: its verifications tell the engine what drafts do now. It starts as if its first positions
-        # had been accepted, so that the plan verifies some instead of stopping at the engine's rate.
-        self.requests_not_drafted = 0
-        seq.spec_passed = seq.spec_tested = PRIOR_POSITIONS
-        return True
+        return False
 
     def proposes_for(self, seq: Sequence) -> bool:
         return self.proposer is not None and not (self.config.greedy_only and not seq.params.greedy)
@@ -187,7 +193,15 @@ class Speculator:
         seq.spec_token_ids, seq.spec_draft_probs, seq.spec_num_forced = [], None, 0
         return new_tokens
 
-    def release(self, request_id: str) -> None:
+    def _stop_drafting(self, seq: Sequence) -> None:
+        """The draft model drafts no more for `seq`: its acceptance, if it drafted, joins the requests'
+        and its KV blocks are freed."""
+        assert isinstance(self.proposer, DraftProposer)
+        if seq.request_id in self.proposer.states:
+            self.request_acceptance.record(seq)
+            self.proposer.release(seq.request_id)
+
+    def release(self, seq: Sequence) -> None:
         """Forget a finished request (a draft model's KV blocks are freed)."""
-        if self.proposer is not None:
-            self.proposer.release(request_id)
+        if isinstance(self.proposer, DraftProposer):
+            self._stop_drafting(seq)
