@@ -34,9 +34,11 @@ ENGINE_MEMORY = 0.98
 # Each request a draft model was turned down for since it last drafted raises the acceptance the next one is
 # judged at by this much: only a request's own verifications move the rate, so without it a draft turned down
 # by the text it failed on (chat) would never draft again for text it pays on (code: 1.00x there after chat,
-# where drafting from the start ran 1.26x; benchmarks/draft_model.py). From chat's ~30 % a 160-token code
-# answer drafts after about 6 turned down; a 64-token chat answer, which needs ~80 %, is retried every 4-10.
-RAISE_PER_REQUEST_TURNED_DOWN = 0.05
+# where drafting from the start ran 1.26x; benchmarks/draft_model.py). From chat's 30-50 % a 160-token code
+# answer, which pays from ~60 %, drafts after 1-3 turned down; a 64-token chat answer after code, which needs
+# ~80 %, is retried every 3-5 (each retry costs it ~10 %). At 0.05 a step, 3 code tasks after chat never
+# drafted (benchmarks/real_model.py).
+RAISE_PER_REQUEST_TURNED_DOWN = 0.1
 # A draft's catch-up is a bet on a request's acceptance before any of its tokens is verified, while requests
 # run from 29-65 % (chat) to 90-93 % (code) for the 0.5B drafting for the 1.5B: it is taken only where it
 # pays twice over, at the acceptance of the latest requests drafted for (RequestAcceptance). Taken where it
