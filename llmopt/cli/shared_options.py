@@ -18,7 +18,7 @@ SPEC_HELP = (
     "speculative decoding: auto (default: prompt lookup, taking only the proposals that pay at the measured "
     "step cost, for greedy requests), off, or vLLM's JSON: "
     '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}\' '
-    'or \'{"method": "draft", "model": PATH, "num_speculative_tokens": 4}\''
+    'or \'{"method": "draft", "model": PATH}\' (num_speculative_tokens 4 unless given)'
 )
 
 DTYPE_HELP = (

@@ -192,6 +192,14 @@ def test_json_config_takes_the_dataclass_defaults():
     assert parsed.prompt_lookup_min == 2
 
 
+def test_a_draft_needs_only_its_model():
+    """What a new user writes first: k is the policy's deepest, 4 for a draft."""
+    assert SpeculativeConfig.parse('{"method": "draft", "model": "small.gguf"}') == SpeculativeConfig(
+        "draft", 4, model="small.gguf"
+    )
+    assert SpeculativeConfig.parse('{"method": "ngram"}').num_speculative_tokens == 7
+
+
 def test_ngram_lookup_finds_the_latest_longest_match():
     proposer = NgramProposer(SpeculativeConfig("ngram", 3, prompt_lookup_min=1, prompt_lookup_max=3))
     assert proposer.lookup([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3], 3) == [7, 8, 1]
