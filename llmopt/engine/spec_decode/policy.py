@@ -107,10 +107,11 @@ def acceptance_rate(seq: Sequence, engine: ProposalAcceptance) -> float:
 def record_acceptance(seq: Sequence, proposed: int, accepted: int) -> None:
     """After a verification of `proposed` proposals with the first `accepted` accepted: the positions
     tested (each accepted one and the first rejected) join `seq`'s recent acceptance."""
+    tested = accepted + (accepted < proposed)
     seq.spec_passed = ACCEPTANCE_MEMORY * seq.spec_passed + accepted
-    seq.spec_tested = ACCEPTANCE_MEMORY * seq.spec_tested + accepted + (accepted < proposed)
+    seq.spec_tested = ACCEPTANCE_MEMORY * seq.spec_tested + tested
     seq.spec_passed_total += accepted
-    seq.spec_tested_total += accepted + (accepted < proposed)
+    seq.spec_tested_total += tested
 
 
 @dataclass

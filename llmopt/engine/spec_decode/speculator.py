@@ -132,11 +132,11 @@ class Speculator:
         rate = self.request_acceptance.rate
         if rate is None:
             rate = acceptance_rate(seq, self.proposal_acceptance)
-        raised = min(1.0, rate + RAISE_PER_REQUEST_TURNED_DOWN * self.requests_not_drafted)
         if catch_up_pays(rate, positions, remaining, catch_up, self.cost):
             self.requests_not_drafted = 0
             return True
-        if catch_up_pays(raised, positions, remaining, catch_up, self.cost):
+        raised = min(1.0, rate + RAISE_PER_REQUEST_TURNED_DOWN * self.requests_not_drafted)
+        if raised > rate and catch_up_pays(raised, positions, remaining, catch_up, self.cost):
             # A probe: it starts as if its first positions had been accepted, so that the plan verifies
             # some instead of stopping at the engine's rate.
             self.requests_not_drafted = 0
