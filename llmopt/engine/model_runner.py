@@ -10,7 +10,7 @@ import torch
 from llmopt.engine import kernels, memory
 from llmopt.engine.block_manager import num_blocks_for
 from llmopt.engine.config import EngineConfig
-from llmopt.engine.layers import int8_kv_cache
+from llmopt.engine.layers import gguf_panels, int8_kv_cache
 from llmopt.engine.layers.attention import AttentionGroup, AttentionMetadata
 from llmopt.engine.models.decode_reads import decode_weight_bytes
 from llmopt.engine.models.kernel_layout import pack_for_kernels
@@ -110,13 +110,17 @@ class ModelRunner:
         block (nothing is registered in the prefix cache: the blocks are overwritten before they are read),
         so that the first request finds the calling thread's OpenMP pool, its allocator heap and the step's
         buffers in place. A fresh engine's first 1,074-token prefill took 1,246 ms against 841-884 for
-        the next three (one of two in-process runs; the other 958-999 throughout)."""
+        the next three (one of two in-process runs; the other 958-999 throughout). Where the model runs
+        GGUF panels, one-row steps timed both ways then decide whether they prefetch the weights
+        (gguf_panels.choose_one_row_prefetch)."""
         num_tokens = min(num_tokens, self.num_kv_blocks * self.block_size - 1)
         seq = Sequence("warm-up", [0] * (num_tokens + 1), SamplingParams(), seed=0)
         seq.block_table = list(range(num_blocks_for(num_tokens + 1, self.block_size)))
         self.run(ScheduledBatch([seq], [num_tokens]), [1])
         seq.num_computed_tokens = num_tokens
         self.run(ScheduledBatch([seq], [1]), [1])
+        if any(getattr(layer, "kernel", None) == "gguf" for layer in self.model.modules()):
+            gguf_panels.choose_one_row_prefetch(lambda: self.run(ScheduledBatch([seq], [1]), [1]))
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata, dict[int, int]]:
         bs = self.block_size

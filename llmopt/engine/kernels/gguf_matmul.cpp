@@ -26,6 +26,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -325,12 +326,18 @@ void panel_tile(const uint8_t* p, const Rows& x, float* out, int64_t ldo, bool p
   for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * ldo, acc[r]);
 }
 
+// Whether a one-row call prefetches too. It depends on the CPU's own prefetcher: on a Zen 4 one row's tile
+// read too little between its loads for the hardware to fall behind, and asking anyway took 0.90-0.94x
+// the time without; on a Zen 5 the 1.5B's one-row step took 17.7 ms with it against 23-28 without.
+// Process-wide because it is the machine's property: the engine times its own one-row step both ways at
+// warm-up and sets it (gguf_panels.choose_one_row_prefetch).
+std::atomic<bool> one_row_prefetch{false};
+
 template <int64_t Type>
 void panel_rows(const uint8_t* p, Rows x, int64_t M, float* out, int64_t ldo) {
-  // One row's tile reads too little between its loads for the hardware's prefetcher to fall behind:
-  // asked for anyway, the 1.5B's linears took 0.90-0.94x the time without.
   for (int64_t m = 0; m < M; m += kMaxRows) {
-    const bool prefetch = m == 0 && M > 1;  // later tiles of a prefill find the panel in cache
+    // Later tiles of a prefill find the panel in cache.
+    const bool prefetch = m == 0 && (M > 1 || one_row_prefetch.load(std::memory_order_relaxed));
     const Rows tile{x.a + m * x.K, x.d + m * x.groups, x.sums + m * x.groups,
                     x.zero == nullptr ? nullptr : x.zero + m * x.groups, x.K, x.groups};
     switch (std::min<int64_t>(kMaxRows, M - m)) {
@@ -446,4 +453,8 @@ at::Tensor gguf_matmul(const at::Tensor& x, const at::Tensor& data, const at::Te
 TORCH_LIBRARY_FRAGMENT(llmopt, m) {
   m.def("gguf_matmul", &llmopt_gguf::gguf_matmul);
   m.def("gguf_matmul_supported", []() { return llmopt_gguf::supported(); });
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  m.def("gguf_set_one_row_prefetch", [](bool on) { llmopt_gguf::one_row_prefetch.store(on); });
+  m.def("gguf_one_row_prefetch", []() { return llmopt_gguf::one_row_prefetch.load(); });
+#endif
 }

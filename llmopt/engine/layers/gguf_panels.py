@@ -9,6 +9,9 @@ Q4_K_M layer's Q6_K v beside Q4_K q and k runs each at its own width."""
 
 from __future__ import annotations
 
+import logging
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +23,7 @@ from gguf.quants import Q4_K
 from llmopt.engine import kernels
 from llmopt.engine.formats.gguf import GGUFBlocks
 
+log = logging.getLogger(__name__)
 T = GGMLQuantizationType
 COLUMNS = 16  # rows of the weight per panel: output columns of the product
 # Inputs per super-block: the panel's unit (gguf_matmul.cpp's kSuper).
@@ -65,6 +69,40 @@ def supported() -> bool:
     """Whether this CPU runs the GGUF kernel (AVX-512 VNNI + BW); elsewhere the blocks are converted to
     the generic int4 / int8 panels (quantized_panels.py)."""
     return kernels.load() and bool(torch.ops.llmopt.gguf_matmul_supported())
+
+
+# Pairs of one-row steps timed, each way once a pair, in alternating order: the machine's speed swings by
+# a third over tens of seconds, so only steps side by side are compared.
+PREFETCH_TIMING_PAIRS = 6
+# Prefetching at one row is chosen when its median step is this share of the step without or less: where
+# the two are close (a Zen 4: 0.90-0.94x the other way), the default measured there stays.
+PREFETCH_WIN = 0.97
+# The choice, made once a process: the kernel's flag is process-wide (the CPU's prefetcher decides it).
+_one_row_prefetch: bool | None = None
+
+
+def choose_one_row_prefetch(one_row_step: Callable[[], object]) -> bool:
+    """Whether the kernel prefetches a one-row call's panels too, decided by timing `one_row_step` (a
+    decode step of one sequence through the model's GGUF linears) both ways; sets the kernel's flag."""
+    global _one_row_prefetch
+    if _one_row_prefetch is None:
+        ratios = []
+        for pair in range(PREFETCH_TIMING_PAIRS):
+            seconds = {}
+            for on in (True, False) if pair % 2 else (False, True):
+                torch.ops.llmopt.gguf_set_one_row_prefetch(on)
+                start = time.perf_counter()
+                one_row_step()
+                seconds[on] = time.perf_counter() - start
+            ratios.append(seconds[True] / seconds[False])
+        _one_row_prefetch = statistics.median(ratios) <= PREFETCH_WIN
+        log.info(
+            "one-row steps prefetch the weights: %s (%.2fx the time without)",
+            _one_row_prefetch,
+            statistics.median(ratios),
+        )
+    torch.ops.llmopt.gguf_set_one_row_prefetch(_one_row_prefetch)
+    return _one_row_prefetch
 
 
 def fits(blocks: GGUFBlocks) -> bool:

@@ -2,9 +2,11 @@
 package's own dequantization: the panels hold the file's weights exactly (the kernel on the identity gives
 them back to fp32 rounding), a product stays within what int8 activations cost, a fused layer of mixed
 types computes each part at its own width, and the panels take the file's bytes (K-quants' 6-bit scales
-unpacked to a byte each)."""
+unpacked to a byte each); one-row calls prefetch where timed steps say it is faster."""
 
 from __future__ import annotations
+
+import time
 
 import gguf
 import numpy as np
@@ -82,3 +84,25 @@ def test_a_fused_layer_runs_each_part_at_its_own_width():
     x = torch.randn(3, 256, generator=torch.Generator().manual_seed(0))
     separate = torch.cat([gguf_panels.pack(b).matmul(x) for b in blocks], dim=1)
     assert torch.equal(fused.matmul(x), separate)
+
+
+@pytest.fixture
+def prefetch_unchosen(monkeypatch):
+    """The process's one-row prefetch choice forgotten for the test, and the kernel's flag put back."""
+    before = torch.ops.llmopt.gguf_one_row_prefetch()
+    monkeypatch.setattr(gguf_panels, "_one_row_prefetch", None)
+    yield
+    torch.ops.llmopt.gguf_set_one_row_prefetch(before)
+
+
+@pytest.mark.parametrize("faster", [True, False], ids=["faster-with", "faster-without"])
+def test_one_row_steps_prefetch_where_a_timed_step_is_faster_so(prefetch_unchosen, faster):
+    def step():  # a step that takes 3 ms the faster way, 6 the other
+        time.sleep(0.003 if torch.ops.llmopt.gguf_one_row_prefetch() == faster else 0.006)
+
+    assert gguf_panels.choose_one_row_prefetch(step) is faster
+    assert torch.ops.llmopt.gguf_one_row_prefetch() is faster
+
+
+def test_one_row_steps_keep_the_default_where_prefetching_is_no_faster(prefetch_unchosen):
+    assert gguf_panels.choose_one_row_prefetch(lambda: time.sleep(0.003)) is False
