@@ -226,6 +226,12 @@ inline Q6Quads q6_quads(const uint8_t* triples, int h, int w) {
           select_low_nibble(v2, _mm512_slli_epi16(b, 4)), select_low_nibble(_mm512_srli_epi16(v2, 4), b)};
 }
 
+// Groups whose dot products are in flight together: four at up to 4 rows; at 8 rows four groups' 32
+// chains are every vector register, and the 8-row tile spilled 381 times a super-block (Q6_K ran at half
+// Q4_K's multiply-adds a second, cache-resident); two there still give 16 independent chains.
+template <int R>
+constexpr int kQ6InFlight = R > 4 ? 2 : 4;
+
 template <int R>
 const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R]) {
   const __m512 d = halves(p);
@@ -236,24 +242,27 @@ const uint8_t* q6_k(const uint8_t* p, int64_t sb, const Rows& x, __m512 (&acc)[R
   for (int h = 0; h < 2; ++h)
 #pragma GCC unroll 2
     for (int j = 0; j < 2; ++j) {
-      // The four groups of words 4j.. 4j + 3 and their partners, all four in flight: each load decoded
-      // once, and 4R independent dot chains (one group at a time left 3-5 rows latency-bound: the 1.5B's
-      // output layer took 13.1 ms at 3 rows against 6.8 at 2; now 1.3-1.5x one row at 3-4 rows).
+      // The four groups of words 4j.. 4j + 3 and their partners, kQ6InFlight at a time: independent dot
+      // chains (one group at a time left 3-5 rows latency-bound: the 1.5B's output layer took 13.1 ms at
+      // 3 rows against 6.8 at 2; four in flight, 1.3-1.5x one row at 3-4 rows).
       const int groups[4] = {8 * h + j, 8 * h + 4 + j, 8 * h + 2 + j, 8 * h + 6 + j};
-      __m512i dots[4][R];
-      for (auto& dot : dots) clear(dot);
+#pragma GCC unroll 2
+      for (int first = 0; first < 4; first += kQ6InFlight<R>) {
+        __m512i dots[kQ6InFlight<R>][R];
+        for (auto& dot : dots) clear(dot);
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const Q6Quads q = q6_quads(triples, h, 4 * j + i);
-        const __m512i quads[4] = {q.lo1, q.hi1, q.lo2, q.hi2};
-        const int64_t k = k0 + 128 * h + 16 * j + 4 * i;
+        for (int i = 0; i < 4; ++i) {
+          const Q6Quads q = q6_quads(triples, h, 4 * j + i);  // the quads not in flight are never computed
+          const __m512i quads[4] = {q.lo1, q.hi1, q.lo2, q.hi2};
+          const int64_t k = k0 + 128 * h + 16 * j + 4 * i;
 #pragma GCC unroll 4
-        for (int t = 0; t < 4; ++t) dot_quad(dots[t], quads[t], x, k + starts[t]);
-      }
+          for (int t = 0; t < kQ6InFlight<R>; ++t) dot_quad(dots[t], quads[first + t], x, k + starts[first + t]);
+        }
 #pragma GCC unroll 4
-      for (int t = 0; t < 4; ++t) {
-        const __m512 s = _mm512_mul_ps(d, bytes_i8(sc + 16 * groups[t]));
-        add_group(acc, dots[t], s, _mm512_mul_ps(s, _mm512_set1_ps(32.f)), x, g0 + groups[t]);
+        for (int t = 0; t < kQ6InFlight<R>; ++t) {
+          const __m512 s = _mm512_mul_ps(d, bytes_i8(sc + 16 * groups[first + t]));
+          add_group(acc, dots[t], s, _mm512_mul_ps(s, _mm512_set1_ps(32.f)), x, g0 + groups[first + t]);
+        }
       }
     }
   return triples + 48 * 64;
