@@ -74,6 +74,9 @@ def measure(rows: list[int], repeats: int) -> list[dict]:
             blocks = GGUFBlocks(gguf.read(name), info.type, info.shape[1])
             native.append(gguf_panels.pack(blocks))
             generic.append(quantized_panels.pack(blocks.canonical()))
+        # One row prefetches or not as a server on this machine chooses (the first set's one-row calls).
+        x1 = torch.randn(1, native[0].in_features)
+        gguf_panels.choose_one_row_prefetch(lambda x=x1, native=native: [p.matmul(x) for p in native])
         for m in rows:
             x = torch.randn(m, native[0].in_features)
             gguf_ms = best_ms(lambda x=x, native=native: [p.matmul(x) for p in native], repeats)

@@ -336,8 +336,9 @@ void panel_tile(const uint8_t* p, const Rows& x, float* out, int64_t ldo, bool p
 }
 
 // Whether a one-row call prefetches too. It depends on the CPU's own prefetcher: on a Zen 4 one row's tile
-// read too little between its loads for the hardware to fall behind, and asking anyway took 0.90-0.94x
-// the time without; on a Zen 5 the 1.5B's one-row step took 17.7 ms with it against 23-28 without.
+// read too little between its loads for the hardware to fall behind, and asking anyway ran the 1.5B's
+// linears at 0.90-0.94x the speed without; on a Zen 5 the 1.5B's one-row step took 17.7 ms with it
+// against 23-28 without.
 // Process-wide because it is the machine's property: the engine times its own one-row step both ways at
 // warm-up and sets it (gguf_panels.choose_one_row_prefetch).
 std::atomic<bool> one_row_prefetch{false};

@@ -75,7 +75,8 @@ def supported() -> bool:
 # a third over tens of seconds, so only steps side by side are compared.
 PREFETCH_TIMING_PAIRS = 6
 # Prefetching at one row is chosen when its median step is this share of the step without or less: where
-# the two are close (a Zen 4: 0.90-0.94x the other way), the default measured there stays.
+# the two are close, or prefetching is slower (a Zen 4: 0.90-0.94x the speed), the default measured there
+# stays.
 PREFETCH_WIN = 0.97
 # The choice, made once a process: the kernel's flag is process-wide (the CPU's prefetcher decides it).
 _one_row_prefetch: bool | None = None
