@@ -96,12 +96,9 @@ def choose_one_row_prefetch(one_row_step: Callable[[], object]) -> bool:
                 one_row_step()
                 seconds[on] = time.perf_counter() - start
             ratios.append(seconds[True] / seconds[False])
-        _one_row_prefetch = statistics.median(ratios) <= PREFETCH_WIN
-        log.info(
-            "one-row steps prefetch the weights: %s (%.2fx the time without)",
-            _one_row_prefetch,
-            statistics.median(ratios),
-        )
+        ratio = statistics.median(ratios)
+        _one_row_prefetch = ratio <= PREFETCH_WIN
+        log.info("one-row steps prefetch the weights: %s (%.2fx the time without)", _one_row_prefetch, ratio)
     torch.ops.llmopt.gguf_set_one_row_prefetch(_one_row_prefetch)
     return _one_row_prefetch
 
